@@ -1,0 +1,202 @@
+"""The interface between the runtime and a federated algorithm.
+
+An algorithm is one subclass of :class:`Algorithm` in one file of this package; the runtime finds it
+by its ``name``. It answers four questions, Flower-Strategy style:
+
+1. **What does the server send?** :meth:`Algorithm.init_server_state` and :meth:`Algorithm.broadcast`
+   (the broadcast is ``ray.put`` once per round and shared by every worker).
+2. **What does a client compute?** :meth:`Algorithm.client_update` runs inside a worker actor and
+   returns a :class:`ClientUpdate`:
+
+   - ``sums``: tensors the worker adds up over all its clients in float64 before anything leaves the
+     worker (e.g. ``n_k · w_k`` and ``n_k`` for FedAvg, per-class prototype sums and counts). A round
+     therefore moves O(workers) model-sized results, not O(clients) (DESIGN.md principle 3);
+   - ``payload``: small per-client values the server rule needs one by one (FedSC's prototypes);
+   - ``metrics``: per-client scalars (losses) for ``metrics.parquet``;
+   - ``state``: the client's new persistent state (MOON's previous model, personal heads), kept by
+     the runtime's client state store; ``None`` leaves the stored state as it was.
+
+3. **How does the server aggregate?** :meth:`Algorithm.aggregate` receives the round's
+   :class:`RoundResults` (the float64 sums over the round's finite updates, payloads by client id)
+   and returns the new server state plus scalar diagnostics.
+4. **How is it evaluated?** :meth:`Algorithm.evaluate_global` (the global model on a shard of the test
+   set) and :meth:`Algorithm.evaluate_client` (a client's personalised model on its held-out split).
+
+Hyperparameters are a pydantic model ``Params`` whose fields are the ``algorithm.*`` config keys.
+Every random choice inside ``client_update`` must come from ``ctx.generator`` or torch's global RNG,
+which the runtime seeds from ``(seed, round, client_id)`` before each client (principle 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+from fedray.config import RunConfig, TrainConfig
+from fedray.data import DatasetInfo
+from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
+
+Tensor = torch.Tensor
+ServerState = dict[str, Any]
+Broadcast = dict[str, Any]
+
+
+class AlgorithmParams(BaseModel):
+    """Base of every algorithm's ``Params``: unknown ``algorithm.*`` keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+@dataclass
+class ClientContext:
+    """Everything a client's local step can use, prepared by the worker for one client."""
+
+    client_id: int
+    round: int
+    model: FedModel  # the worker's model for this client's architecture; weights are the algorithm's to load
+    x: Tensor  # uint8 [n, C, H, W] on `device`: the client's training split
+    y: Tensor  # int64 [n]
+    info: DatasetInfo
+    train: TrainConfig
+    lr: float  # train.lr after the per-round decay
+    device: torch.device
+    generator: torch.Generator  # seeded from (seed, round, client_id)
+    augment: Callable[[Tensor, torch.Generator], Tensor]
+    state: dict[str, Tensor] | None = None  # the client's stored state from its last participation
+    x_test: Tensor | None = None  # the client's held-out split (personalised evaluation)
+    y_test: Tensor | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.y.shape[0])
+
+    def batches(self, epochs: int | None = None, batch_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+        """Shuffled mini-batches ``(x [b, C, H, W] float normalised and augmented, y [b])`` for
+        ``epochs`` passes (default ``train.local_epochs``) over the client's data."""
+        epochs = self.train.local_epochs if epochs is None else epochs
+        batch_size = self.train.batch_size if batch_size is None else batch_size
+        for _ in range(epochs):
+            order = torch.randperm(self.num_samples, generator=self.generator).to(self.device)
+            for start in range(0, self.num_samples, batch_size):
+                index = order[start : start + batch_size]
+                yield self.augment(self.info.normalize(self.x[index]), self.generator), self.y[index]
+
+
+@dataclass
+class ClientUpdate:
+    """What one client returns; see the module docstring for each field."""
+
+    sums: dict[str, Tensor]
+    payload: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Tensor] | None = None
+
+
+@dataclass
+class RoundResults:
+    """A round's client results as the server sees them, after worker-side reduction."""
+
+    sums: dict[str, Tensor]  # float64, summed over the clients whose update was finite
+    payloads: dict[int, dict[str, Any]]  # client id → payload, ascending ids
+    client_metrics: dict[int, dict[str, float]]
+    num_clients: int  # clients whose update was aggregated
+    excluded_clients: list[int]  # clients whose update was not finite
+
+
+class Algorithm:
+    """Base class with FedAvg's behaviour for everything a subclass does not override."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+
+    def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
+        self.config = config
+        self.info = info
+        self.params = self.Params.model_validate(config.algorithm.model_extra or {})
+
+    # ----------------------------------------------------------------- models
+    def model_key(self, client_id: int | None) -> str:
+        """Which model instance a client uses; workers keep one instance per key. Algorithms with
+        per-client architectures override this and :meth:`build_model`."""
+        return "global"
+
+    def build_model(self, key: str) -> FedModel:
+        return build_model(self.config.model, self.info)
+
+    # ----------------------------------------------------------------- server side
+    def init_server_state(self, model: FedModel) -> ServerState:
+        """The state before round 1, from the seeded initial model."""
+        return {"weights": get_flat_weights(model)}
+
+    def broadcast(self, server_state: ServerState, round: int) -> Broadcast:
+        """What every client of ``round`` receives (``round`` = the round about to be trained)."""
+        return {"weights": server_state["weights"]}
+
+    def aggregate(
+        self, server_state: ServerState, round: int, results: RoundResults
+    ) -> tuple[ServerState, dict[str, float]]:
+        """New server state and per-round diagnostics. Default: FedAvg (sample-weighted mean)."""
+        return {**server_state, "weights": weighted_mean(results.sums)}, {}
+
+    # ----------------------------------------------------------------- client side
+    def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- evaluation
+    def load_global_model(self, model: FedModel, broadcast: Broadcast) -> FedModel:
+        """Put the global model described by ``broadcast`` into ``model`` (for evaluation)."""
+        set_flat_weights(model, broadcast["weights"])
+        return model
+
+    def predict(self, model: FedModel, x: Tensor, broadcast: Broadcast) -> Tensor:
+        """Logits for normalised inputs; FedProto-style algorithms override (nearest prototype)."""
+        return model(x)
+
+    def evaluate_global(
+        self, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor
+    ) -> dict[str, float]:
+        """Sums (``correct``, ``loss_sum``, ``count``) of the global model on a test shard."""
+        self.load_global_model(model, broadcast)
+        return classification_sums(self, model, broadcast, x, y, self.config.eval.batch_size)
+
+    def evaluate_client(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, float]:
+        """Sums of the client's own model on its held-out split. Default: the global model, which is
+        what FedAvg-style methods deploy on every client."""
+        assert ctx.x_test is not None and ctx.y_test is not None
+        return self.evaluate_global(ctx.model, broadcast, ctx.x_test, ctx.y_test)
+
+
+# --------------------------------------------------------------------- shared pieces
+
+
+def weighted_mean(sums: dict[str, Tensor], key: str = "weights", weight_key: str = "num_samples") -> Tensor:
+    """``Σ n_k w_k / Σ n_k`` from worker-reduced sums, back in float32."""
+    return (sums[key] / sums[weight_key]).float()
+
+
+def weighted_weights_sums(model: FedModel, num_samples: int, prefixes: tuple[str, ...] | None = None) -> dict[str, Tensor]:
+    """The FedAvg contribution of one client: ``n_k · w_k`` (float64) and ``n_k``."""
+    flat = get_flat_weights(model, prefixes).double()
+    return {"weights": flat * num_samples, "num_samples": torch.tensor(float(num_samples), dtype=torch.float64)}
+
+
+@torch.no_grad()
+def classification_sums(
+    algorithm: Algorithm, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor, batch_size: int
+) -> dict[str, float]:
+    """Correct predictions, summed cross-entropy and count of ``model`` on uint8 ``x``."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, int(y.shape[0]), batch_size):
+        xb = algorithm.info.normalize(x[start : start + batch_size])
+        yb = y[start : start + batch_size]
+        logits = algorithm.predict(model, xb, broadcast)
+        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    model.train(was_training)
+    return {"correct": float(correct), "loss_sum": loss_sum, "count": float(y.shape[0])}

@@ -1,0 +1,1 @@
+"""Command-line interface: ``fedray run | tune | dashboard | submit | jobs``."""

@@ -1,0 +1,43 @@
+"""The ``fedray`` command. Each sub-command is a module of this package with a
+``register(subparsers)`` function; this file only discovers and dispatches them.
+
+Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, paths, arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import fedray
+from fedray.config import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedray", description="Federated-learning simulation on Ray.")
+    parser.add_argument("--version", action="version", version=f"fedray {fedray.__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    package = importlib.import_module("fedray.cli")
+    for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"fedray.cli.{module_info.name}")
+        if hasattr(module, "register"):
+            module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as error:
+        print(f"fedray: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedray: interrupted; resume with `fedray run --resume <run-dir>`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

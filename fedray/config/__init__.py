@@ -1,0 +1,41 @@
+"""Run configuration: typed sections, YAML loading, ``--set`` overrides, validation."""
+
+from fedray.config.loader import (
+    ConfigError,
+    apply_overrides,
+    load_config,
+    read_yaml,
+    save_config,
+    validate_config,
+)
+from fedray.config.schema import (
+    AlgorithmConfig,
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    OutputConfig,
+    ResourcesConfig,
+    RunConfig,
+    SyntheticConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "OutputConfig",
+    "ResourcesConfig",
+    "RunConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "load_config",
+    "read_yaml",
+    "save_config",
+    "validate_config",
+]

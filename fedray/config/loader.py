@@ -1,0 +1,121 @@
+"""Load a run config from YAML plus ``--set key=value`` overrides, and validate it.
+
+Everything that can be checked without data or Ray is checked here, so a bad config fails in
+milliseconds with exit code 2 (see :mod:`fedray.cli.main`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fedray.config.schema import AlgorithmConfig, RunConfig
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key and what is allowed."""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with the safe loader (no Python object construction)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides; values are parsed as YAML scalars (``0.1``, ``true``, ``[1,2]``)."""
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set data.alpha=0.1")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys a section accepts, for 'unknown key' messages."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
+
+
+def format_validation_error(error: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+    lines = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        key = prefix + ".".join(str(part) for part in loc)
+        if item["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_keys(model, loc))
+            lines.append(f"{key}: unknown key (allowed: {allowed})")
+        elif not loc:
+            lines.append(str(item["msg"]).removeprefix("Value error, "))
+        else:
+            message = str(item["msg"]).removeprefix("Value error, ")
+            lines.append(f"{key}: {message} (got {item.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate_config(raw: dict[str, Any]) -> RunConfig:
+    """Validate a raw mapping into a :class:`RunConfig`, including the algorithm's own keys."""
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, RunConfig)) from None
+    config.algorithm = validate_algorithm_params(config.algorithm)
+    return config
+
+
+def validate_algorithm_params(algorithm: AlgorithmConfig) -> AlgorithmConfig:
+    """Check ``algorithm.*`` against the named algorithm's ``Params`` model and fill its defaults."""
+    from fedray.algorithms import ALGORITHMS, get_algorithm_class
+
+    if algorithm.name not in ALGORITHMS:
+        raise ConfigError(
+            f"invalid config:\n  algorithm.name: unknown algorithm {algorithm.name!r} "
+            f"(allowed: {', '.join(sorted(ALGORITHMS))})"
+        )
+    params_model = get_algorithm_class(algorithm.name).Params
+    extra = dict(algorithm.model_extra or {})
+    try:
+        params = params_model.model_validate(extra)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, params_model, prefix="algorithm.")) from None
+    return AlgorithmConfig(name=algorithm.name, **params.model_dump(mode="json"))
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read ``path`` (or start from the defaults), apply overrides, validate."""
+    raw = read_yaml(path) if path is not None else {}
+    return validate_config(apply_overrides(raw, overrides))
+
+
+def save_config(config: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,158 @@
+"""Typed run configuration.
+
+A run config is one YAML file with the sections below; every key can be overridden on the command
+line with ``--set section.key=value``. Validation happens before Ray starts: an unknown key, a wrong
+type or an out-of-range value raises :class:`fedray.config.ConfigError` naming the key and what is
+allowed.
+
+The sweep symbols of DESIGN.md map to these keys: τ → ``algorithm.tau``, M →
+``algorithm.num_neighbors``, β → ``algorithm.beta``, μ → ``algorithm.mu``, α → ``data.alpha``.
+Algorithm-specific keys are declared by each algorithm's ``Params`` model (see
+:mod:`fedray.algorithms`), not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity")
+MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18")
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SyntheticConfig(Section):
+    """Shape of the ``synthetic`` dataset (class-dependent Gaussian patterns; for benchmarks)."""
+
+    num_train: int = Field(10_000, gt=0)
+    num_test: int = Field(2_000, gt=0)
+    channels: int = Field(1, gt=0)
+    image_size: int = Field(8, gt=0)
+    num_classes: int = Field(10, ge=2)
+    noise: float = Field(0.5, ge=0)
+
+
+class DataConfig(Section):
+    name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    root: str = "data"
+    download: bool = False
+    num_clients: int = Field(20, gt=0)
+    partition: Literal[PARTITIONS] = "dirichlet"  # type: ignore[valid-type]
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (symbol α)")
+    min_samples_per_client: int = Field(
+        2, ge=1, description="dirichlet: redraw until every client has at least this many samples"
+    )
+    classes_per_client: int = Field(2, ge=1, description="shards: label classes per client")
+    quantity_sigma: float = Field(
+        1.0, gt=0, description="quantity: sigma of the log-normal client sizes"
+    )
+    imbalance_ratio: float = Field(
+        1.0, ge=1, description="dirichlet_equal_size: long-tail ratio n_max/n_min (1 = balanced)"
+    )
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="digits/synthetic: share held out as the global test set"
+    )
+    client_test_fraction: float = Field(
+        0.0, ge=0, lt=1, description="per-client held-out share for personalised evaluation"
+    )
+    augmentation: Literal["auto", "none", "crop_flip"] = "auto"
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+
+
+class ModelConfig(Section):
+    name: Literal[MODELS] = "cnn_small"  # type: ignore[valid-type]
+    norm: Literal["batch", "group"] = "batch"
+    projection_dim: int | None = Field(
+        None, gt=0, description="output size of the optional projection head (None: no head)"
+    )
+    width: int = Field(16, gt=0, description="channels of the first conv layer (CNNs)")
+
+
+class AlgorithmConfig(BaseModel):
+    """``algorithm.name`` plus that algorithm's hyperparameters.
+
+    The extra keys are validated by the named algorithm's ``Params`` model in
+    :func:`fedray.config.loader.validate_config`.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "fedavg"
+
+
+class TrainConfig(Section):
+    rounds: int = Field(20, gt=0)
+    clients_per_round: int = Field(10, gt=0)
+    local_epochs: int = Field(1, gt=0)
+    batch_size: int = Field(16, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="learning rate × lr_decay^(round-1)")
+    grad_clip: float | None = Field(None, gt=0, description="max gradient norm (None: no clip)")
+
+
+class EvalConfig(Section):
+    every: int = Field(1, gt=0, description="evaluate every this many rounds (and the last)")
+    batch_size: int = Field(512, gt=0)
+    personalized: bool = Field(
+        False, description="also evaluate every client on its own held-out split"
+    )
+
+
+class CheckpointConfig(Section):
+    every: int = Field(5, gt=0, description="write a checkpoint every this many rounds")
+    keep: int = Field(2, gt=0, description="number of most recent checkpoints kept")
+
+
+class ResourcesConfig(Section):
+    num_workers: int = Field(2, gt=0)
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0, le=1)
+    server_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the server actor")
+    max_worker_restarts: int = Field(
+        3, ge=0, description="times a dead worker actor is replaced before the run fails"
+    )
+
+
+class OutputConfig(Section):
+    dir: str = "runs"
+    name: str | None = Field(None, description="run directory name (default: algorithm-dataset-time)")
+    tensorboard: bool = True
+    plots: bool = True
+
+
+class RunConfig(Section):
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> "RunConfig":
+        if self.train.clients_per_round > self.data.num_clients:
+            raise ValueError(
+                f"train.clients_per_round ({self.train.clients_per_round}) must be <= "
+                f"data.num_clients ({self.data.num_clients})"
+            )
+        if self.eval.personalized and self.data.client_test_fraction == 0:
+            raise ValueError(
+                "eval.personalized needs data.client_test_fraction > 0 (each client's held-out split)"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

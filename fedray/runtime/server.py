@@ -1,0 +1,210 @@
+"""The server: owns the algorithm's server state and drives the worker pool, one round at a time.
+
+Per round: draw the cohort from (seed, round); ``ray.put`` the broadcast once (principle 2); split the
+cohort across workers by cost, sticky first (principles 5, 6); gather one reduced partial per worker
+(principle 3); replace any worker that died and re-run its clients, which gives the same partial
+because everything is seeded per client (principle 7); aggregate; evaluate.
+
+It is a plain class that :mod:`fedray.runtime.experiment` wraps with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from fedray.config import RunConfig
+from fedray.data import FederatedDataset
+from fedray.runtime.reduction import PartialResult, merge_partials
+from fedray.runtime.scheduler import assign_clients
+from fedray.runtime.seeding import sample_cohort
+from fedray.runtime.state_store import NO_STATE
+from fedray.runtime.worker import ClientTask, ClientWorker, build_algorithm
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerPoolError(RuntimeError):
+    """Workers kept dying past ``resources.max_worker_restarts``."""
+
+
+class Server:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        data_ref: list[ray.ObjectRef],
+        run_dir: str,
+        placement_group: PlacementGroup | None,
+        first_worker_bundle: int,
+        fault: dict[str, int] | None = None,
+    ) -> None:
+        self.config = RunConfig.model_validate(config)
+        self.data_ref = data_ref  # a list, so that Ray passes the reference on instead of the data
+        data: FederatedDataset = ray.get(data_ref[0])
+        self.num_clients = data.num_clients
+        self.client_costs = data.clients.sizes.astype(np.float64) * self.config.train.local_epochs
+        self.client_test_sizes = None if data.client_test is None else data.client_test.sizes.astype(np.float64)
+        self.run_dir = run_dir
+        self.placement_group = placement_group
+        self.first_worker_bundle = first_worker_bundle
+        self.algorithm = build_algorithm(self.config, data)
+        torch.manual_seed(self.config.seed)
+        self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
+        # round in which each client last stored state, now and as of the last checkpoint
+        self.state_versions = np.full(self.num_clients, NO_STATE, dtype=np.int64)
+        self.checkpoint_versions = self.state_versions.copy()
+        self.worker_restarts = 0
+        self.broadcast_ref: ray.ObjectRef | None = None
+        self.broadcast_round = 0
+        self.workers = [self._start_worker(i, fault) for i in range(self.config.resources.num_workers)]
+
+    # ------------------------------------------------------------------ workers
+    def _start_worker(self, index: int, fault: dict[str, int] | None = None):
+        resources = self.config.resources
+        options: dict[str, Any] = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
+        if self.placement_group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=self.first_worker_bundle + index
+            )
+        worker_fault = fault if fault is not None and fault.get("worker") == index else None
+        return (
+            ray.remote(ClientWorker)
+            .options(**options)
+            .remote(index, self.config.to_dict(), self.data_ref[0], self.run_dir, resources.gpus_per_worker > 0, worker_fault)
+        )
+
+    def _on_all_workers(self, call: Callable[[Any, Any], ray.ObjectRef], work: list[Any]) -> list[Any]:
+        """``call(worker, work[i])`` on every worker with work; a worker that dies is replaced and its
+        work re-run. Returns the results in worker order (None where there was no work)."""
+        pending = {i: call(self.workers[i], item) for i, item in enumerate(work) if item}
+        results: list[Any] = [None] * len(work)
+        while pending:
+            by_ref = {ref: i for i, ref in pending.items()}
+            [ready], _ = ray.wait(list(by_ref), num_returns=1)
+            index = by_ref[ready]
+            del pending[index]
+            try:
+                results[index] = ray.get(ready)
+            except RayActorError as error:
+                self.worker_restarts += 1
+                if self.worker_restarts > self.config.resources.max_worker_restarts:
+                    raise WorkerPoolError(
+                        f"worker {index} died and resources.max_worker_restarts="
+                        f"{self.config.resources.max_worker_restarts} is used up: {error}"
+                    ) from error
+                logger.warning("worker %d died (%s); replacing it and re-running its clients", index, type(error).__name__)
+                self.workers[index] = self._start_worker(index)
+                pending[index] = call(self.workers[index], work[index])
+        return results
+
+    def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
+        return [(cid, int(self.state_versions[cid]), int(self.checkpoint_versions[cid])) for cid in client_ids]
+
+    def _broadcast(self, round: int) -> ray.ObjectRef:
+        """The broadcast for ``round``, put in the object store once."""
+        if self.broadcast_ref is None or self.broadcast_round != round:
+            self.broadcast_ref = ray.put(self.algorithm.broadcast(self.state, round))
+            self.broadcast_round = round
+        return self.broadcast_ref
+
+    # ------------------------------------------------------------------ rounds
+    def run_round(self, round: int) -> dict[str, Any]:
+        """Train and aggregate one round; returns the round's metrics and per-client rows."""
+        started = time.perf_counter()
+        cfg = self.config
+        cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
+        assignment = assign_clients(cohort, self.client_costs[cohort], len(self.workers))
+        broadcast = self._broadcast(round)
+        partials: list[PartialResult | None] = self._on_all_workers(
+            lambda worker, ids: worker.run_clients.remote(round, self._tasks(ids), broadcast), assignment
+        )
+        results = merge_partials([p for p in partials if p is not None])
+        for partial in partials:
+            if partial is not None:
+                self.state_versions[partial.stateful_clients] = round
+        if results.excluded_clients:
+            logger.warning("round %d: %d non-finite client update(s) excluded: %s", round, len(results.excluded_clients), results.excluded_clients)
+        if results.num_clients > 0:
+            self.state, algorithm_metrics = self.algorithm.aggregate(self.state, round, results)
+        else:
+            algorithm_metrics = {}
+        row: dict[str, Any] = {
+            "round": round,
+            "clients": int(len(cohort)),
+            "excluded_updates": len(results.excluded_clients),
+            "train_loss": _mean([m.get("train_loss") for m in results.client_metrics.values()]),
+            "lr": cfg.train.lr * cfg.train.lr_decay ** (round - 1),
+            **algorithm_metrics,
+        }
+        if round % cfg.eval.every == 0 or round == cfg.train.rounds:
+            row.update(self.evaluate(round))
+        row["seconds"] = time.perf_counter() - started
+        client_rows = [{"client_id": cid, **metrics} for cid, metrics in results.client_metrics.items()]
+        return {"round": row, "clients": client_rows}
+
+    def evaluate(self, round: int) -> dict[str, float]:
+        """Global test metrics of the model after ``round`` (and personalised ones if configured)."""
+        broadcast = self._broadcast(round + 1)  # the next round's broadcast holds the new global model
+        num_workers = len(self.workers)
+        shards = self._on_all_workers(
+            lambda worker, shard: worker.evaluate_global.remote(broadcast, shard[0], num_workers),
+            [(i,) for i in range(num_workers)],
+        )
+        total = {key: sum(s[key] for s in shards) for key in ("correct", "loss_sum", "count")}
+        metrics = {"test_accuracy": total["correct"] / total["count"], "test_loss": total["loss_sum"] / total["count"]}
+        if self.config.eval.personalized:
+            metrics.update(self._evaluate_personalized(round, broadcast))
+        return metrics
+
+    def _evaluate_personalized(self, round: int, broadcast: ray.ObjectRef) -> dict[str, float]:
+        """The personalised-FL accuracy (total correct / total) and fairness (std of per-client
+        accuracies) over every client's held-out split."""
+        assert self.client_test_sizes is not None
+        clients = np.flatnonzero(self.client_test_sizes > 0)
+        assignment = assign_clients(clients, self.client_test_sizes[clients], len(self.workers))
+        parts = self._on_all_workers(
+            lambda worker, ids: worker.evaluate_clients.remote(round, self._tasks(ids), broadcast), assignment
+        )
+        per_client = {cid: sums for part in parts if part for cid, sums in part.items()}
+        accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
+        correct = sum(s["correct"] for s in per_client.values())
+        count = sum(s["count"] for s in per_client.values())
+        return {"personal_accuracy": correct / count, "personal_accuracy_std": float(accuracies.std())}
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs (tensors and plain values only: loadable with weights_only)."""
+        return {
+            "server_state": self.state,
+            "state_versions": torch.from_numpy(self.state_versions.copy()),
+            "worker_restarts": self.worker_restarts,
+        }
+
+    def checkpoint_written(self) -> None:
+        """The driver saved the last :meth:`checkpoint_state`: its client-state versions are now protected."""
+        self.checkpoint_versions = self.state_versions.copy()
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.state = state["server_state"]
+        self.state_versions = state["state_versions"].numpy().astype(np.int64)
+        self.checkpoint_versions = self.state_versions.copy()
+        self.broadcast_ref = None
+
+    def global_state(self) -> dict[str, Any]:
+        return self.state
+
+    def worker_handles(self) -> list[Any]:
+        return list(self.workers)
+
+
+def _mean(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else float("nan")

@@ -1,0 +1,148 @@
+"""The client worker: a long-lived actor that trains many virtual clients one after another
+(DESIGN.md principle 1).
+
+It holds the dataset on its device once (principle 4), one model per architecture key, and a client
+state cache backed by the run directory (principle 5). It is a plain class; the server wraps it with
+``ray.remote`` and pins it to a placement-group bundle with a fractional GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms import Algorithm, ClientContext, get_algorithm_class
+from fedray.config import RunConfig
+from fedray.data import FederatedDataset, get_augmentation
+from fedray.models import FedModel
+from fedray.runtime.reduction import PartialResult
+from fedray.runtime.seeding import seed_client
+from fedray.runtime.state_store import ClientStateStore
+
+logger = logging.getLogger(__name__)
+
+# (client id, state version to load, state version the last checkpoint refers to)
+ClientTask = tuple[int, int, int]
+
+
+def build_algorithm(config: RunConfig, data: FederatedDataset) -> Algorithm:
+    return get_algorithm_class(config.algorithm.name)(config, data.info)
+
+
+def _as_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    with warnings.catch_warnings():  # object-store arrays are read-only; we never write to them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.as_tensor(array).to(device)
+
+
+def select_device(use_gpu: bool) -> torch.device:
+    return torch.device("cuda") if use_gpu and torch.cuda.is_available() else torch.device("cpu")
+
+
+class ClientWorker:
+    def __init__(
+        self,
+        worker_index: int,
+        config: dict[str, Any],
+        data: FederatedDataset,
+        run_dir: str,
+        use_gpu: bool,
+        fault: dict[str, int] | None = None,
+    ) -> None:
+        self.worker_index = worker_index
+        self.config = RunConfig.model_validate(config)
+        torch.set_num_threads(max(1, int(self.config.resources.cpus_per_worker)))
+        self.device = select_device(use_gpu)
+        self.data = data
+        self.algorithm = build_algorithm(self.config, data)
+        augmentation = self.config.data.augmentation
+        self.augment = get_augmentation(data.info.augmentation if augmentation == "auto" else augmentation)
+        self.x_train = _as_tensor(data.train.x, self.device)
+        self.y_train = _as_tensor(data.train.y, self.device)
+        self.x_test = _as_tensor(data.test.x, self.device)
+        self.y_test = _as_tensor(data.test.y, self.device)
+        self.models: dict[str, FedModel] = {}
+        self.state_store = ClientStateStore(Path(run_dir) / "client_state")
+        self.fault = fault
+
+    # ------------------------------------------------------------------ helpers
+    def model_for(self, client_id: int | None) -> FedModel:
+        key = self.algorithm.model_key(client_id)
+        if key not in self.models:
+            self.models[key] = self.algorithm.build_model(key).to(self.device)
+        return self.models[key]
+
+    def _context(self, round: int, client_id: int, state_version: int) -> ClientContext:
+        cfg = self.config
+        train_index = torch.as_tensor(self.data.clients.client(client_id), device=self.device)
+        x_test = y_test = None
+        if self.data.client_test is not None:
+            test_index = torch.as_tensor(self.data.client_test.client(client_id), device=self.device)
+            x_test, y_test = self.x_train[test_index], self.y_train[test_index]
+        return ClientContext(
+            client_id=client_id,
+            round=round,
+            model=self.model_for(client_id),
+            x=self.x_train[train_index],
+            y=self.y_train[train_index],
+            info=self.data.info,
+            train=cfg.train,
+            lr=cfg.train.lr * cfg.train.lr_decay ** (round - 1),
+            device=self.device,
+            generator=seed_client(cfg.seed, round, client_id),
+            augment=self.augment,
+            state=self.state_store.load(client_id, state_version, self.device),
+            x_test=x_test,
+            y_test=y_test,
+        )
+
+    def _maybe_fail(self, round: int, clients_done: int) -> None:
+        """Fault injection for tests: kill this process (SIGKILL) mid-round."""
+        if self.fault and self.fault["round"] == round and clients_done == 1:
+            logger.warning("fault injection: killing worker %d in round %d", self.worker_index, round)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # ------------------------------------------------------------------ remote methods
+    def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
+        """Train the given clients in order and return their reduced updates."""
+        partial = PartialResult()
+        for done, (client_id, state_version, checkpoint_version) in enumerate(tasks, start=1):
+            ctx = self._context(round, client_id, state_version)
+            update = self.algorithm.client_update(ctx, broadcast)
+            if partial.add(client_id, update) and update.state is not None:
+                self.state_store.save(client_id, round, update.state, keep=(state_version, checkpoint_version))
+                partial.stateful_clients.append(client_id)
+            self._maybe_fail(round, done)
+        return partial.to_cpu()
+
+    def evaluate_global(self, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:
+        """Evaluation sums of the global model on test rows ``shard::num_shards``."""
+        model = self.model_for(None)
+        return self.algorithm.evaluate_global(
+            model, broadcast, self.x_test[shard::num_shards], self.y_test[shard::num_shards]
+        )
+
+    def evaluate_clients(
+        self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]
+    ) -> dict[int, dict[str, float]]:
+        """Evaluation sums of each client's personalised model on its held-out split."""
+        results = {}
+        for client_id, state_version, _ in tasks:
+            ctx = self._context(round, client_id, state_version)
+            results[client_id] = self.algorithm.evaluate_client(ctx, broadcast)
+        return results
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

@@ -1,0 +1,48 @@
+"""``metrics.parquet``: one row per round (``scope == "round"``) plus one row per client per round
+(``scope == "client"``, with ``client_id``). Rewritten atomically after every round, so a reader (the
+dashboard, a notebook) never sees a half-written file and a crash loses nothing already reported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fedray.tracking.callbacks import Callback, RunContext
+
+METRICS_FILE = "metrics.parquet"
+
+
+def write_table_atomically(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write ``rows`` (dicts whose keys may differ) as one Parquet table; missing values are null."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    temporary = path.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), temporary)
+    os.replace(temporary, path)
+
+
+def read_metrics(run_dir: str | Path, scope: str = "round") -> list[dict[str, Any]]:
+    """Rows of ``metrics.parquet`` with the given scope (``"round"`` or ``"client"``)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [row for row in pq.read_table(path).to_pylist() if row["scope"] == scope]
+
+
+class MetricsParquet(Callback):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def on_run_start(self, run: RunContext) -> None:
+        path = run.run_dir / METRICS_FILE
+        if run.start_round > 0 and path.is_file():  # resuming: keep what the checkpoint covers
+            self.rows = [r for r in pq.read_table(path).to_pylist() if r["round"] <= run.start_round]
+            run.history.extend(r for r in self.rows if r["scope"] == "round")
+
+    def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
+        self.rows.append({"scope": "round", "client_id": None, **row})
+        self.rows.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
+        write_table_atomically(self.rows, run.run_dir / METRICS_FILE)

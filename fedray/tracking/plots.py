@@ -1,0 +1,71 @@
+"""PNG figures of a run: the partition's per-client label distribution (at the start) and the
+learning curves (refreshed at every checkpoint and at the end)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedray.tracking.callbacks import Callback, RunContext
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_partition(label_counts: np.ndarray, path: Path, title: str) -> None:
+    """Heat-map of ``label_counts`` [clients, classes] (at most 100 clients shown)."""
+    plt = _pyplot()
+    shown = label_counts[:100]
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.12 * len(shown) + 1.5)))
+    image = ax.imshow(shown, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("class")
+    ax.set_ylabel("client" + (f" (first 100 of {len(label_counts)})" if len(label_counts) > 100 else ""))
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_learning_curve(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Test accuracy and train/test loss against the round."""
+    plt = _pyplot()
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, ax in (("test_accuracy", acc_ax), ("personal_accuracy", acc_ax), ("train_loss", loss_ax), ("test_loss", loss_ax)):
+        points = [(r["round"], r[key]) for r in rows if r.get(key) is not None and np.isfinite(r[key])]
+        if points:
+            ax.plot(*zip(*points), label=key, marker="." if len(points) < 50 else None)
+    for ax, label in ((acc_ax, "accuracy"), (loss_ax, "loss")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class Plots(Callback):
+    def _title(self, run: RunContext) -> str:
+        cfg = run.config
+        return f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.data.partition}, α={cfg.data.alpha}, {cfg.data.num_clients} clients)"
+
+    def on_run_start(self, run: RunContext) -> None:
+        plot_partition(run.data.label_distribution(), run.run_dir / "partition.png", self._title(run))
+
+    def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
+        if row["round"] % run.config.checkpoint.every == 0:
+            plot_learning_curve(run.history, run.run_dir / "learning_curve.png", self._title(run))
+
+    def on_run_end(self, run: RunContext) -> None:
+        plot_learning_curve(run.history, run.run_dir / "learning_curve.png", self._title(run))

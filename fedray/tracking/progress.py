@@ -1,0 +1,31 @@
+"""A progress bar over rounds (round, accuracy, loss, seconds) and warnings the user must see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from fedray.tracking.callbacks import Callback, RunContext
+
+
+class ProgressBar(Callback):
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+
+    def on_run_start(self, run: RunContext) -> None:
+        self.bar = tqdm(total=run.config.train.rounds, initial=run.start_round, desc="rounds", unit="round", dynamic_ncols=True)
+
+    def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
+        postfix = {"loss": f"{row['train_loss']:.3f}", "s/round": f"{row['seconds']:.2f}"}
+        if "test_accuracy" in row:
+            postfix["acc"] = f"{row['test_accuracy']:.4f}"
+        if "personal_accuracy" in row:
+            postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+        if row["excluded_updates"]:
+            self.bar.write(f"warning: round {row['round']}: {row['excluded_updates']} non-finite client update(s) excluded from aggregation")
+
+    def on_run_end(self, run: RunContext) -> None:
+        self.bar.close()

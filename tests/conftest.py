@@ -1,0 +1,42 @@
+"""Shared fixtures. One real local Ray instance per test session (started on first use), small data."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A real local Ray (4 logical CPUs on this 2-core machine, no dashboard), shut down at the end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            object_store_memory=512 * 1024**2,
+            log_to_driver=True,
+            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore::DeprecationWarning"}},
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path) -> list[str]:
+    """Overrides for a fast digits run that writes into the test's temporary directory."""
+    return [
+        f"output.dir={tmp_path}",
+        "output.name=run",
+        "data.num_clients=10",
+        "train.clients_per_round=4",
+        "train.rounds=4",
+        "checkpoint.every=2",
+        "output.tensorboard=false",
+        "output.plots=false",
+    ]

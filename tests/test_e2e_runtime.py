@@ -1,0 +1,107 @@
+"""End-to-end runs on the session's real local Ray: accuracy, determinism, worker faults, resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedray.config import load_config
+from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
+from fedray.tracking import Callback, read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def final_weights(run_dir) -> torch.Tensor:
+    return load_checkpoint(list_checkpoints(run_dir)[-1][1])["server_state"]["weights"]
+
+
+def round_rows(run_dir) -> list[dict]:
+    return read_metrics(run_dir, "round")
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_session, tmp_path_factory):
+    """An uninterrupted FedProx run (a stateless algorithm with a non-trivial client loss)."""
+    out = tmp_path_factory.mktemp("baseline")
+    config = load_config(None, [f"output.dir={out}", "output.name=run", "algorithm.name=fedprox", "algorithm.mu=0.1",
+                                "data.num_clients=12", "train.clients_per_round=6", "train.rounds=4", "checkpoint.every=2"])
+    summary = run_experiment(config, progress=False)
+    return config, summary
+
+
+def test_fedavg_on_digits_reaches_85_percent(ray_session, tmp_path):
+    config = load_config(None, [f"output.dir={tmp_path}", "output.name=acc", "data.num_clients=20", "data.alpha=0.5",
+                                "train.clients_per_round=10", "train.rounds=20", "train.local_epochs=2", "checkpoint.every=10"])
+    summary = run_experiment(config, progress=False)
+    assert summary.final_test_accuracy >= 0.85, summary
+    run_dir = tmp_path / "acc"
+    for name in ("config.yaml", "metrics.parquet", "learning_curve.png", "partition.png", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    assert any((run_dir / "tensorboard").iterdir())
+    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    rounds = [r for r in table if r["scope"] == "round"]
+    clients = [r for r in table if r["scope"] == "client"]
+    assert [r["round"] for r in rounds] == list(range(1, 21))
+    assert len(clients) == 20 * 10 and all(r["client_id"] is not None for r in clients)
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 20
+
+
+def test_same_config_gives_identical_metrics(baseline, tmp_path):
+    config, _ = baseline
+    again = config.model_copy(deep=True)
+    again.output.dir = str(tmp_path)
+    run_experiment(again, progress=False)
+    assert without_timing(round_rows(tmp_path / "run")) == without_timing(round_rows(f"{config.output.dir}/run"))
+    assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
+
+
+def test_killed_worker_gives_the_same_final_model(baseline, tmp_path):
+    config, _ = baseline
+    faulty = config.model_copy(deep=True)
+    faulty.output.dir = str(tmp_path)
+    run_experiment(faulty, progress=False, fault={"worker": 1, "round": 3})
+    assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
+    restarts = load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"]
+    assert restarts == 1  # the worker really died and was replaced
+
+
+class CrashAfterRound(Callback):
+    def __init__(self, round: int) -> None:
+        self.round = round
+
+    def on_round_end(self, run, row, client_rows):
+        if row["round"] == self.round:
+            raise RuntimeError("simulated driver crash")
+
+
+def test_resume_after_a_crash_gives_the_same_final_model(baseline, tmp_path):
+    config, _ = baseline
+    crashed = config.model_copy(deep=True)
+    crashed.output.dir = str(tmp_path)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run_experiment(crashed, progress=False, extra_callbacks=[CrashAfterRound(3)])
+    assert [r for r, _ in list_checkpoints(tmp_path / "run")] == [2]  # round 3 was lost with the crash
+    summary = resume_experiment(tmp_path / "run", progress=False)
+    assert summary.rounds == 4
+    assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
+    rows = round_rows(tmp_path / "run")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]  # round 3 is not duplicated
+    assert without_timing(rows) == without_timing(round_rows(f"{config.output.dir}/run"))
+
+
+def test_non_finite_updates_are_excluded_and_counted(ray_session, tmp_path, tiny_overrides):
+    config = load_config(None, tiny_overrides + ["train.lr=1e30", "train.rounds=2", "train.local_epochs=3"])
+    summary = run_experiment(config, progress=False)
+    rows = round_rows(tmp_path / "run")
+    assert all(r["excluded_updates"] > 0 for r in rows)
+    assert torch.isfinite(final_weights(tmp_path / "run")).all()
+    assert summary.final_test_accuracy is not None and np.isfinite(summary.final_metrics["test_loss"])

@@ -1,0 +1,98 @@
+"""Ray-free tests of the runtime's pieces: seeding, scheduling, reduction, client state, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.algorithms.base import ClientUpdate
+from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
+from fedray.runtime.reduction import PartialResult, merge_partials
+from fedray.runtime.scheduler import assign_clients
+from fedray.runtime.seeding import derive_seed, sample_cohort, seed_client
+from fedray.runtime.state_store import NO_STATE, ClientStateStore
+
+
+def test_cohort_depends_on_seed_and_round_only():
+    a = sample_cohort(0, 3, 1000, 100)
+    assert np.array_equal(a, sample_cohort(0, 3, 1000, 100))
+    assert not np.array_equal(a, sample_cohort(0, 4, 1000, 100))
+    assert not np.array_equal(a, sample_cohort(1, 3, 1000, 100))
+    assert len(np.unique(a)) == 100 and np.all(np.diff(a) > 0)
+
+
+def test_client_seed_is_independent_of_call_order():
+    first = torch.rand(3, generator=seed_client(0, 2, 7))
+    seed_client(0, 2, 8)
+    assert torch.equal(first, torch.rand(3, generator=seed_client(0, 2, 7)))
+    assert derive_seed(0, 2, 7) != derive_seed(0, 7, 2)
+
+
+def test_schedule_covers_cohort_balances_and_is_sticky():
+    ids = np.arange(0, 40)
+    costs = np.full(40, 10.0)
+    assignment = assign_clients(ids, costs, 4)
+    assert sorted(c for part in assignment for c in part) == list(range(40))
+    assert all(c % 4 == w for w, part in enumerate(assignment) for c in part)  # equal costs: all at home
+    skewed = np.array([100.0] + [1.0] * 39)
+    loads = [sum(skewed[c] for c in part) for part in assign_clients(ids, skewed, 4)]
+    assert max(loads) == 100.0  # the big client alone; the small ones spread over the others
+    assert assign_clients(ids, skewed, 4) == assign_clients(ids, skewed, 4)
+
+
+def test_schedule_moves_clients_off_an_overloaded_home():
+    ids = np.array([0, 4, 8, 12])  # all at home on worker 0 of 4
+    parts = assign_clients(ids, np.ones(4), 4)
+    assert [len(p) for p in parts] == [1, 1, 1, 1]
+
+
+def update(value: float, n: int) -> ClientUpdate:
+    return ClientUpdate(sums={"weights": torch.full((3,), value * n, dtype=torch.float64), "num_samples": torch.tensor(float(n))}, metrics={"train_loss": value})
+
+
+def test_reduction_sums_in_float64_and_excludes_non_finite():
+    partial = PartialResult()
+    assert partial.add(1, update(1.0, 2)) and partial.add(2, update(3.0, 6))
+    assert not partial.add(3, update(float("nan"), 1))
+    other = PartialResult()
+    other.add(5, update(2.0, 4))
+    merged = merge_partials([partial, other])
+    assert merged.num_clients == 3 and merged.excluded_clients == [3]
+    assert merged.sums["weights"].dtype == torch.float64
+    assert torch.allclose(merged.sums["weights"] / merged.sums["num_samples"], torch.full((3,), (2 + 18 + 8) / 12, dtype=torch.float64))
+    assert set(merged.client_metrics) == {1, 2, 3, 5}
+
+
+def test_state_store_versions_and_cleanup(tmp_path):
+    store = ClientStateStore(tmp_path, cache_size=1)
+    assert store.load(3, NO_STATE, torch.device("cpu")) is None
+    store.save(3, 1, {"w": torch.ones(2)}, keep=(NO_STATE, NO_STATE))
+    store.save(3, 4, {"w": torch.full((2,), 4.0)}, keep=(1, 1))
+    store.save(3, 6, {"w": torch.full((2,), 6.0)}, keep=(4, 1))  # round 4 loaded, round 1 checkpointed
+    fresh = ClientStateStore(tmp_path)  # another worker: reads from disk
+    assert torch.equal(fresh.load(3, 1, torch.device("cpu"))["w"], torch.ones(2))
+    assert torch.equal(fresh.load(3, 6, torch.device("cpu"))["w"], torch.full((2,), 6.0))
+    store.save(3, 7, {"w": torch.zeros(2)}, keep=(6, 6))
+    assert sorted(p.name for p in (tmp_path / "0000003").iterdir()) == ["r000006.pt", "r000007.pt"]
+    with pytest.raises(FileNotFoundError, match="client 3"):
+        fresh.load(3, 1, torch.device("cpu"))
+
+
+def test_checkpoints_are_kept_pruned_and_round_trip(tmp_path):
+    for round in (2, 4, 6):
+        save_checkpoint(tmp_path, round, {"server_state": {"weights": torch.full((2,), float(round))}, "state_versions": torch.zeros(3, dtype=torch.int64)}, keep=2)
+    assert [r for r, _ in list_checkpoints(tmp_path)] == [4, 6]
+    latest = load_latest_checkpoint(tmp_path)
+    assert latest["round"] == 6 and torch.equal(latest["server_state"]["weights"], torch.full((2,), 6.0))
+
+
+def test_corrupt_checkpoint_is_reported_with_the_fallback(tmp_path):
+    for round in (2, 4):
+        save_checkpoint(tmp_path, round, {"server_state": {}, "state_versions": torch.zeros(1)}, keep=3)
+    path = list_checkpoints(tmp_path)[-1][1]
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(CheckpointError, match=r"corrupt.*round_000002\.pt"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="corrupt"):  # resuming never silently skips a bad file
+        load_latest_checkpoint(tmp_path)
