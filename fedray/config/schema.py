@@ -88,9 +88,9 @@ class AlgorithmConfig(BaseModel):
 
 
 class TrainConfig(Section):
-    rounds: int = Field(20, gt=0)
+    rounds: int = Field(30, gt=0)
     clients_per_round: int = Field(10, gt=0)
-    local_epochs: int = Field(1, gt=0)
+    local_epochs: int = Field(2, gt=0)
     batch_size: int = Field(16, gt=0)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)

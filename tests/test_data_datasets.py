@@ -1,0 +1,265 @@
+"""load_dataset: embedded digits, synthetic data and every torchvision dataset read by torchvision's
+own loading code from tiny files written in the real on-disk formats (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedray.config import ConfigError, DataConfig, SyntheticConfig
+from fedray.data import load_dataset
+
+# ---------------------------------------------------------------------------------------------
+# digits and synthetic
+
+
+def test_digits_shapes_split_and_pixel_scale() -> None:
+    from sklearn.datasets import load_digits
+
+    train, test, info = load_dataset(DataConfig(), seed=0)
+    assert train.x.shape == (1437, 1, 8, 8) and test.x.shape == (360, 1, 8, 8)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    # Every image is a digits image with 0..16 mapped to round(v · 255 / 16), and none is lost.
+    digits = load_digits()
+    expected = np.rint(digits.images * 255 / 16).astype(np.uint8).reshape(len(digits.target), -1)
+    got = np.concatenate([train.x, test.x]).reshape(len(digits.target), -1)
+    expected_rows = sorted(row.tobytes() + bytes([t]) for row, t in zip(expected, digits.target))
+    got_rows = sorted(
+        row.tobytes() + bytes([t]) for row, t in zip(got, np.concatenate([train.y, test.y]))
+    )
+    assert got_rows == expected_rows
+    assert train.x.max() == 255
+    # Stratified: every class has ~20 % of its samples in the test split.
+    test_share = np.bincount(test.y, minlength=10) / np.bincount(digits.target, minlength=10)
+    assert np.all(np.abs(test_share - 0.2) < 0.02)
+    assert info.num_classes == 10 and info.channels == 1 and info.image_size == 8
+    assert info.mean[0] == pytest.approx(train.x.mean() / 255)
+    assert info.std[0] == pytest.approx(train.x.std() / 255)
+    assert info.augmentation == "none"
+    other_train, _, _ = load_dataset(DataConfig(), seed=1)
+    assert not np.array_equal(train.y, other_train.y)
+
+
+def test_augmentation_key_overrides_the_default() -> None:
+    _, _, info = load_dataset(DataConfig(augmentation="crop_flip"), seed=0)
+    assert info.augmentation == "crop_flip"
+
+
+def test_synthetic_is_seeded_shaped_and_class_dependent() -> None:
+    spec = SyntheticConfig(num_train=600, num_test=200, channels=3, image_size=6, num_classes=5, noise=0.3)
+    cfg = DataConfig(name="synthetic", synthetic=spec)
+    train, test, info = load_dataset(cfg, seed=0)
+    assert train.x.shape == (600, 3, 6, 6) and test.x.shape == (200, 3, 6, 6)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    assert set(np.unique(train.y)) == set(range(5)) and test.y.max() < 5
+    assert (info.num_classes, info.channels, info.image_size) == (5, 3, 6)
+    again_train, again_test, _ = load_dataset(cfg, seed=0)
+    np.testing.assert_array_equal(train.x, again_train.x)
+    np.testing.assert_array_equal(test.y, again_test.y)
+    assert not np.array_equal(train.x, load_dataset(cfg, seed=1)[0].x)
+    # Class-dependent patterns: the nearest class mean of the train set classifies the test set.
+    means = np.stack([train.x[train.y == c].reshape(-1, 108).mean(0) for c in range(5)])
+    distances = ((test.x.reshape(-1, 1, 108).astype(float) - means[None]) ** 2).sum(-1)
+    assert np.mean(distances.argmin(1) == test.y) > 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision datasets from tiny files in their real formats
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An idx-ubyte file: magic (0, 0, 0x08 = uint8, ndim), big-endian int32 dims, raw bytes."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fmnist", "FashionMNIST")])
+def test_mnist_family_from_idx_files(name: str, folder: str, tmp_path: Path) -> None:
+    raw = tmp_path / folder / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    images = {"train": rng.integers(0, 256, (5, 28, 28)), "t10k": rng.integers(0, 256, (3, 28, 28))}
+    labels = {"train": np.array([3, 1, 4, 1, 5]), "t10k": np.array([9, 2, 6])}
+    for split in ("train", "t10k"):
+        write_idx(raw / f"{split}-images-idx3-ubyte", images[split])
+        write_idx(raw / f"{split}-labels-idx1-ubyte", labels[split])
+
+    train, test, info = load_dataset(DataConfig(name=name, root=str(tmp_path)), seed=0)
+    assert train.x.shape == (5, 1, 28, 28) and test.x.shape == (3, 1, 28, 28)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    np.testing.assert_array_equal(train.x[:, 0], images["train"])
+    np.testing.assert_array_equal(test.x[:, 0], images["t10k"])
+    np.testing.assert_array_equal(train.y, labels["train"])
+    np.testing.assert_array_equal(test.y, labels["t10k"])
+    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (10, 1, 28, "none")
+    assert len(info.mean) == len(info.std) == 1
+
+
+def cifar_rows(num_images: int, rng: np.random.Generator) -> np.ndarray:
+    """CIFAR's row layout: 1024 red, 1024 green, 1024 blue values per image, each row-major 32×32."""
+    return rng.integers(0, 256, (num_images, 3072)).astype(np.uint8)
+
+
+def write_pickle(path: Path, payload: dict) -> None:
+    with open(path, "wb") as file:
+        pickle.dump(payload, file)
+
+
+def assert_cifar_layout(x: np.ndarray, rows: np.ndarray) -> None:
+    """x[i, c, h, w] must be rows[i, c·1024 + h·32 + w] (channels first, RGB order)."""
+    assert x.shape == (len(rows), 3, 32, 32) and x.dtype == np.uint8
+    assert x.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(x.reshape(len(rows), -1), rows)
+    assert x[1, 2, 3, 4] == rows[1, 2 * 1024 + 3 * 32 + 4]
+
+
+def test_cifar10_from_python_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision.datasets import CIFAR10
+
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    train_rows, train_labels = [], []
+    for b in range(1, 6):
+        rows, labels = cifar_rows(2, rng), [b, (b + 3) % 10]
+        write_pickle(folder / f"data_batch_{b}", {"batch_label": f"batch {b}", "data": rows, "labels": labels})
+        train_rows.append(rows)
+        train_labels += labels
+    test_rows = cifar_rows(3, rng)
+    write_pickle(folder / "test_batch", {"data": test_rows, "labels": [7, 0, 9]})
+    write_pickle(folder / "batches.meta", {"label_names": [f"class{i}" for i in range(10)]})
+    # torchvision checks hard-coded md5 sums of the real CIFAR files; point them at the tiny files
+    # written above so that torchvision's own loading code runs unchanged.
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{b}", md5(folder / f"data_batch_{b}")] for b in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5(folder / "test_batch")]])
+    monkeypatch.setattr(CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names", "md5": md5(folder / "batches.meta")})
+
+    train, test, info = load_dataset(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
+    assert_cifar_layout(train.x, np.concatenate(train_rows))
+    assert_cifar_layout(test.x, test_rows)
+    np.testing.assert_array_equal(train.y, train_labels)
+    np.testing.assert_array_equal(test.y, [7, 0, 9])
+    assert train.y.dtype == np.int64
+    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (10, 3, 32, "crop_flip")
+    assert info.mean == pytest.approx((0.4914, 0.4822, 0.4465))
+
+
+def test_cifar100_from_python_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision.datasets import CIFAR100
+
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    train_rows, test_rows = cifar_rows(4, rng), cifar_rows(2, rng)
+    write_pickle(folder / "train", {"data": train_rows, "fine_labels": [99, 0, 42, 7], "coarse_labels": [19, 0, 5, 1]})
+    write_pickle(folder / "test", {"data": test_rows, "fine_labels": [3, 64], "coarse_labels": [2, 3]})
+    write_pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": []})
+    # torchvision checks hard-coded md5 sums of the real CIFAR files; point them at the tiny files.
+    monkeypatch.setattr(CIFAR100, "train_list", [["train", md5(folder / "train")]])
+    monkeypatch.setattr(CIFAR100, "test_list", [["test", md5(folder / "test")]])
+    monkeypatch.setattr(CIFAR100, "meta", {"filename": "meta", "key": "fine_label_names", "md5": md5(folder / "meta")})
+
+    train, test, info = load_dataset(DataConfig(name="cifar100", root=str(tmp_path)), seed=0)
+    assert_cifar_layout(train.x, train_rows)
+    assert_cifar_layout(test.x, test_rows)
+    np.testing.assert_array_equal(train.y, [99, 0, 42, 7])  # fine labels, not coarse
+    np.testing.assert_array_equal(test.y, [3, 64])
+    assert (info.num_classes, info.channels, info.augmentation) == (100, 3, "crop_flip")
+
+
+def test_svhn_from_mat_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scipy.io import savemat
+    from torchvision.datasets import SVHN
+
+    rng = np.random.default_rng(2)
+    # SVHN's layout: X is [32, 32, 3, N] (height, width, channel, sample), y is [N, 1], digit 0 is 10.
+    arrays = {
+        "train": (rng.integers(0, 256, (32, 32, 3, 4)).astype(np.uint8), np.array([[10], [1], [9], [10]], np.uint8)),
+        "test": (rng.integers(0, 256, (32, 32, 3, 2)).astype(np.uint8), np.array([[5], [10]], np.uint8)),
+    }
+    split_list = {key: list(value) for key, value in SVHN.split_list.items()}
+    for split, (x, y) in arrays.items():
+        savemat(tmp_path / f"{split}_32x32.mat", {"X": x, "y": y})
+        split_list[split][2] = md5(tmp_path / f"{split}_32x32.mat")
+    # torchvision checks hard-coded md5 sums of the real SVHN files; point them at the tiny files.
+    monkeypatch.setattr(SVHN, "split_list", split_list)
+
+    train, test, info = load_dataset(DataConfig(name="svhn", root=str(tmp_path)), seed=0)
+    assert train.x.shape == (4, 3, 32, 32) and test.x.shape == (2, 3, 32, 32)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    np.testing.assert_array_equal(train.x, arrays["train"][0].transpose(3, 2, 0, 1))
+    assert train.x[2, 1, 5, 7] == arrays["train"][0][5, 7, 1, 2]
+    np.testing.assert_array_equal(test.x, arrays["test"][0].transpose(3, 2, 0, 1))
+    np.testing.assert_array_equal(train.y, [0, 1, 9, 0])
+    np.testing.assert_array_equal(test.y, [5, 0])
+    assert (info.num_classes, info.channels, info.augmentation) == (10, 3, "crop_flip")
+
+
+def test_tiny_imagenet_from_image_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    base = tmp_path / "tiny-imagenet-200"
+    wnids = ["n09999999", "n01443537"]  # wnids.txt order; class index = sorted order
+    colours = {"n01443537": (200, 30, 90), "n09999999": (20, 160, 240)}
+    (base / "val" / "images").mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for wnid in wnids:
+        (base / "train" / wnid / "images").mkdir(parents=True)
+        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
+        for i in range(2):
+            Image.new("RGB", (64, 64), colours[wnid]).save(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG")
+    annotations = []
+    for i, wnid in enumerate(["n09999999", "n01443537", "n09999999"]):
+        Image.new("RGB", (64, 64), colours[wnid]).save(base / "val" / "images" / f"val_{i}.JPEG")
+        annotations.append(f"val_{i}.JPEG\t{wnid}\t0\t0\t63\t63")
+    (base / "val" / "val_annotations.txt").write_text("\n".join(annotations) + "\n")
+
+    train, test, info = load_dataset(DataConfig(name="tinyimagenet", root=str(tmp_path)), seed=0)
+    assert train.x.shape == (4, 3, 64, 64) and test.x.shape == (3, 3, 64, 64)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    np.testing.assert_array_equal(train.y, [0, 0, 1, 1])
+    np.testing.assert_array_equal(test.y, [1, 0, 1])
+    sorted_wnids = sorted(wnids)
+    for x, y in [(train.x, train.y), (test.x, test.y)]:
+        for image, label in zip(x, y):
+            channel_means = image.reshape(3, -1).mean(1)  # RGB, channels first; JPEG is lossy
+            np.testing.assert_allclose(channel_means, colours[sorted_wnids[label]], atol=3)
+    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (2, 3, 64, "crop_flip")
+
+
+MISSING_FILE_HINTS = {
+    "mnist": "MNIST/raw/",
+    "fmnist": "FashionMNIST/raw/",
+    "cifar10": "cifar-10-batches-py/",
+    "cifar100": "cifar-100-python/",
+    "svhn": "train_32x32.mat",
+    "tinyimagenet": "tiny-imagenet-200/",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISSING_FILE_HINTS))
+def test_missing_data_directory_is_config_error(name: str, tmp_path: Path) -> None:
+    root = tmp_path / "nothing-here"
+    with pytest.raises(ConfigError) as error:
+        load_dataset(DataConfig(name=name, root=str(root)), seed=0)
+    message = str(error.value)
+    assert f"data.name={name}" in message
+    assert str(root) in message
+    assert "--set data.download=true" in message
+    assert MISSING_FILE_HINTS[name] in message
+
+
+def test_incomplete_cifar_directory_is_config_error(tmp_path: Path) -> None:
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"truncated")
+    with pytest.raises(ConfigError, match="data.download"):
+        load_dataset(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
