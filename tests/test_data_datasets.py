@@ -51,7 +51,9 @@ def test_augmentation_key_overrides_the_default() -> None:
 
 
 def test_synthetic_is_seeded_shaped_and_class_dependent() -> None:
-    spec = SyntheticConfig(num_train=600, num_test=200, channels=3, image_size=6, num_classes=5, noise=0.3)
+    spec = SyntheticConfig(
+        num_train=600, num_test=200, channels=3, image_size=6, num_classes=5, noise=0.3
+    )
     cfg = DataConfig(name="synthetic", synthetic=spec)
     train, test, info = load_dataset(cfg, seed=0)
     assert train.x.shape == (600, 3, 6, 6) and test.x.shape == (200, 3, 6, 6)
@@ -100,12 +102,13 @@ def test_mnist_family_from_idx_files(name: str, folder: str, tmp_path: Path) -> 
     np.testing.assert_array_equal(test.x[:, 0], images["t10k"])
     np.testing.assert_array_equal(train.y, labels["train"])
     np.testing.assert_array_equal(test.y, labels["t10k"])
-    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (10, 1, 28, "none")
+    assert (info.num_classes, info.channels, info.image_size) == (10, 1, 28)
+    assert info.augmentation == "none"
     assert len(info.mean) == len(info.std) == 1
 
 
 def cifar_rows(num_images: int, rng: np.random.Generator) -> np.ndarray:
-    """CIFAR's row layout: 1024 red, 1024 green, 1024 blue values per image, each row-major 32×32."""
+    """CIFAR's row layout: 1024 red, then 1024 green, then 1024 blue values, each 32×32 row-major."""
     return rng.integers(0, 256, (num_images, 3072)).astype(np.uint8)
 
 
@@ -131,7 +134,8 @@ def test_cifar10_from_python_batches(tmp_path: Path, monkeypatch: pytest.MonkeyP
     train_rows, train_labels = [], []
     for b in range(1, 6):
         rows, labels = cifar_rows(2, rng), [b, (b + 3) % 10]
-        write_pickle(folder / f"data_batch_{b}", {"batch_label": f"batch {b}", "data": rows, "labels": labels})
+        batch = {"batch_label": f"batch {b}", "data": rows, "labels": labels}
+        write_pickle(folder / f"data_batch_{b}", batch)
         train_rows.append(rows)
         train_labels += labels
     test_rows = cifar_rows(3, rng)
@@ -139,9 +143,11 @@ def test_cifar10_from_python_batches(tmp_path: Path, monkeypatch: pytest.MonkeyP
     write_pickle(folder / "batches.meta", {"label_names": [f"class{i}" for i in range(10)]})
     # torchvision checks hard-coded md5 sums of the real CIFAR files; point them at the tiny files
     # written above so that torchvision's own loading code runs unchanged.
-    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{b}", md5(folder / f"data_batch_{b}")] for b in range(1, 6)])
+    train_list = [[f"data_batch_{b}", md5(folder / f"data_batch_{b}")] for b in range(1, 6)]
+    meta = {"filename": "batches.meta", "key": "label_names", "md5": md5(folder / "batches.meta")}
+    monkeypatch.setattr(CIFAR10, "train_list", train_list)
     monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5(folder / "test_batch")]])
-    monkeypatch.setattr(CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names", "md5": md5(folder / "batches.meta")})
+    monkeypatch.setattr(CIFAR10, "meta", meta)
 
     train, test, info = load_dataset(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
     assert_cifar_layout(train.x, np.concatenate(train_rows))
@@ -149,7 +155,8 @@ def test_cifar10_from_python_batches(tmp_path: Path, monkeypatch: pytest.MonkeyP
     np.testing.assert_array_equal(train.y, train_labels)
     np.testing.assert_array_equal(test.y, [7, 0, 9])
     assert train.y.dtype == np.int64
-    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (10, 3, 32, "crop_flip")
+    assert (info.num_classes, info.channels, info.image_size) == (10, 3, 32)
+    assert info.augmentation == "crop_flip"
     assert info.mean == pytest.approx((0.4914, 0.4822, 0.4465))
 
 
@@ -160,13 +167,19 @@ def test_cifar100_from_python_batches(tmp_path: Path, monkeypatch: pytest.Monkey
     folder.mkdir()
     rng = np.random.default_rng(1)
     train_rows, test_rows = cifar_rows(4, rng), cifar_rows(2, rng)
-    write_pickle(folder / "train", {"data": train_rows, "fine_labels": [99, 0, 42, 7], "coarse_labels": [19, 0, 5, 1]})
-    write_pickle(folder / "test", {"data": test_rows, "fine_labels": [3, 64], "coarse_labels": [2, 3]})
-    write_pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": []})
+    write_pickle(
+        folder / "train",
+        {"data": train_rows, "fine_labels": [99, 0, 42, 7], "coarse_labels": [19, 0, 5, 1]},
+    )
+    write_pickle(
+        folder / "test", {"data": test_rows, "fine_labels": [3, 64], "coarse_labels": [2, 3]}
+    )
+    write_pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)]})
     # torchvision checks hard-coded md5 sums of the real CIFAR files; point them at the tiny files.
     monkeypatch.setattr(CIFAR100, "train_list", [["train", md5(folder / "train")]])
     monkeypatch.setattr(CIFAR100, "test_list", [["test", md5(folder / "test")]])
-    monkeypatch.setattr(CIFAR100, "meta", {"filename": "meta", "key": "fine_label_names", "md5": md5(folder / "meta")})
+    meta = {"filename": "meta", "key": "fine_label_names", "md5": md5(folder / "meta")}
+    monkeypatch.setattr(CIFAR100, "meta", meta)
 
     train, test, info = load_dataset(DataConfig(name="cifar100", root=str(tmp_path)), seed=0)
     assert_cifar_layout(train.x, train_rows)
@@ -181,10 +194,17 @@ def test_svhn_from_mat_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     from torchvision.datasets import SVHN
 
     rng = np.random.default_rng(2)
-    # SVHN's layout: X is [32, 32, 3, N] (height, width, channel, sample), y is [N, 1], digit 0 is 10.
+    # SVHN's layout: X is [32, 32, 3, N] (height, width, channel, sample), y is [N, 1], and the
+    # digit 0 has label 10.
     arrays = {
-        "train": (rng.integers(0, 256, (32, 32, 3, 4)).astype(np.uint8), np.array([[10], [1], [9], [10]], np.uint8)),
-        "test": (rng.integers(0, 256, (32, 32, 3, 2)).astype(np.uint8), np.array([[5], [10]], np.uint8)),
+        "train": (
+            rng.integers(0, 256, (32, 32, 3, 4)).astype(np.uint8),
+            np.array([[10], [1], [9], [10]], np.uint8),
+        ),
+        "test": (
+            rng.integers(0, 256, (32, 32, 3, 2)).astype(np.uint8),
+            np.array([[5], [10]], np.uint8),
+        ),
     }
     split_list = {key: list(value) for key, value in SVHN.split_list.items()}
     for split, (x, y) in arrays.items():
@@ -216,7 +236,8 @@ def test_tiny_imagenet_from_image_folder(tmp_path: Path) -> None:
         (base / "train" / wnid / "images").mkdir(parents=True)
         (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
         for i in range(2):
-            Image.new("RGB", (64, 64), colours[wnid]).save(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG")
+            image_path = base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG"
+            Image.new("RGB", (64, 64), colours[wnid]).save(image_path)
     annotations = []
     for i, wnid in enumerate(["n09999999", "n01443537", "n09999999"]):
         Image.new("RGB", (64, 64), colours[wnid]).save(base / "val" / "images" / f"val_{i}.JPEG")
@@ -233,7 +254,8 @@ def test_tiny_imagenet_from_image_folder(tmp_path: Path) -> None:
         for image, label in zip(x, y):
             channel_means = image.reshape(3, -1).mean(1)  # RGB, channels first; JPEG is lossy
             np.testing.assert_allclose(channel_means, colours[sorted_wnids[label]], atol=3)
-    assert (info.num_classes, info.channels, info.image_size, info.augmentation) == (2, 3, 64, "crop_flip")
+    assert (info.num_classes, info.channels, info.image_size) == (2, 3, 64)
+    assert info.augmentation == "crop_flip"
 
 
 MISSING_FILE_HINTS = {

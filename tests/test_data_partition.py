@@ -69,7 +69,8 @@ def test_iid_sizes_differ_by_at_most_one(digit_labels: np.ndarray) -> None:
 def test_lower_alpha_gives_more_label_skew(name: str, digit_labels: np.ndarray) -> None:
     def mean_entropy(alpha: float) -> float:
         cfg = DataConfig(partition=name, num_clients=20, alpha=alpha)
-        return np.mean([label_entropy(partition_labels(digit_labels, cfg, s), digit_labels) for s in range(3)])
+        partitions = [partition_labels(digit_labels, cfg, seed) for seed in range(3)]
+        return float(np.mean([label_entropy(p, digit_labels) for p in partitions]))
 
     skewed, mild, near_iid = mean_entropy(0.1), mean_entropy(1.0), mean_entropy(100.0)
     assert skewed < mild < near_iid
@@ -88,7 +89,8 @@ def test_dirichlet_redraws_until_min_samples(
     assert partition.sizes.min() >= 15
     assert_disjoint_cover(partition, np.arange(len(digit_labels)))
     # The first draw (the one min_samples_per_client=1 accepts) had a client below 15.
-    first_draw = partition_labels(digit_labels, cfg.model_copy(update={"min_samples_per_client": 1}), 1)
+    accept_first = cfg.model_copy(update={"min_samples_per_client": 1})
+    first_draw = partition_labels(digit_labels, accept_first, seed=1)
     assert first_draw.sizes.min() < 15
 
 
@@ -231,7 +233,8 @@ def test_build_federated_dataset_with_client_test_split() -> None:
     assert len(federated.train) == 1437 and len(federated.test) == 360
     assert federated.client_test is not None
     everything = np.concatenate([federated.clients.indices, federated.client_test.indices])
-    assert_disjoint_cover(ClientPartition(everything, np.array([0, len(everything)])), np.arange(1437))
+    as_one_client = ClientPartition(everything, np.array([0, len(everything)]))
+    assert_disjoint_cover(as_one_client, np.arange(1437))
     assert 0.15 < len(federated.client_test.indices) / 1437 < 0.25
     distribution = federated.label_distribution()
     assert distribution.shape == (10, 10)

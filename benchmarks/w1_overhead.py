@@ -1,0 +1,193 @@
+"""Workload W1: fedray's overhead against a plain single-process PyTorch loop, and its scaling in
+the number of registered clients.
+
+W1: digits (80/20 split), 1000 clients, Dirichlet α=0.5, 100 clients per round, 20 rounds,
+CNN conv(1→16,3×3,pad 1)-ReLU-conv(16→32,3×3,pad 1)-ReLU-maxpool2-fc(512→64)-ReLU-fc(64→10)
+(``cnn_small``), 1 local epoch, batch 16, SGD lr 0.05, global evaluation every round.
+
+Both sides do the same client training on the same partition and cohorts, in the same invocation:
+fedray with 2 worker actors (1 CPU each), the plain loop in this process with torch's default
+threads. Steady state = median seconds per round over rounds 3..20, measured at the driver.
+
+Scaling: ``synthetic`` 1×8×8 data, 2 samples per client, 10 clients per round, 10 rounds, with
+100,000 registered clients vs 100 (the same per-round work), plus this driver's peak RSS.
+
+    python benchmarks/w1_overhead.py            # prints the table; --json FILE to save it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+import torch.nn.functional as F
+
+from fedray.config import load_config
+from fedray.data import build_federated_dataset
+from fedray.models import build_model, get_flat_weights, set_flat_weights
+from fedray.runtime import run_experiment
+from fedray.runtime.seeding import sample_cohort
+from fedray.tracking import Callback
+
+W1 = [
+    "data.name=digits",
+    "data.test_fraction=0.2",
+    "data.num_clients=1000",
+    "data.partition=dirichlet",
+    "data.alpha=0.5",
+    "data.min_samples_per_client=1",
+    "model.name=cnn_small",
+    "algorithm.name=fedavg",
+    "train.rounds=20",
+    "train.clients_per_round=100",
+    "train.local_epochs=1",
+    "train.batch_size=16",
+    "train.lr=0.05",
+    "eval.every=1",
+    "resources.num_workers=2",
+    "resources.cpus_per_worker=1",
+    "checkpoint.every=1000",  # one checkpoint, at the end: the plain loop writes none
+    "output.tensorboard=false",
+    "output.plots=false",
+]
+
+
+class RoundClock(Callback):
+    """Wall-clock seconds of each round as the driver sees them (callbacks included)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._last = 0.0
+
+    def on_run_start(self, run) -> None:
+        self._last = time.perf_counter()
+
+    def on_round_end(self, run, row, client_rows) -> None:
+        now = time.perf_counter()
+        self.seconds.append(now - self._last)
+        self._last = now
+
+
+def steady(seconds: list[float], skip: int = 2) -> float:
+    return float(np.median(seconds[skip:]))
+
+
+def run_fedray(overrides: list[str], out_dir: str) -> dict:
+    config = load_config(None, overrides + [f"output.dir={out_dir}"])
+    clock = RoundClock()
+    started = time.perf_counter()
+    summary = run_experiment(config, progress=False, extra_callbacks=[clock])
+    return {
+        "end_to_end_s": time.perf_counter() - started,
+        "ray_startup_s": summary.ray_startup_seconds,
+        "steady_round_s": steady(clock.seconds),
+        "round_s": clock.seconds,
+        "final_accuracy": summary.final_test_accuracy,
+    }
+
+
+def run_plain(overrides: list[str]) -> dict:
+    """The same client training as fedray's FedAvg, written as a plain PyTorch loop."""
+    config = load_config(None, overrides)
+    torch.set_num_threads(torch.get_num_threads())
+    data = build_federated_dataset(config.data, config.seed)
+    info, train = data.info, config.train
+    x_train, y_train = torch.from_numpy(data.train.x.copy()), torch.from_numpy(data.train.y.copy())
+    x_test, y_test = info.normalize(torch.from_numpy(data.test.x.copy())), torch.from_numpy(data.test.y.copy())
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, info)
+    global_weights = get_flat_weights(model)
+    seconds, accuracy = [], 0.0
+    for round in range(1, train.rounds + 1):
+        started = time.perf_counter()
+        weighted_sum = torch.zeros_like(global_weights, dtype=torch.float64)
+        total = 0
+        for client in sample_cohort(config.seed, round, data.num_clients, train.clients_per_round):
+            index = torch.from_numpy(data.clients.client(int(client)))
+            x, y = x_train[index], y_train[index]
+            set_flat_weights(model, global_weights)
+            optimizer = torch.optim.SGD(model.parameters(), lr=train.lr)
+            generator = torch.Generator().manual_seed(int(client) * 1000 + round)
+            for _ in range(train.local_epochs):
+                order = torch.randperm(len(y), generator=generator)
+                for start in range(0, len(y), train.batch_size):
+                    batch = order[start : start + train.batch_size]
+                    loss = F.cross_entropy(model(info.normalize(x[batch])), y[batch])
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            weighted_sum += get_flat_weights(model).double() * len(y)
+            total += len(y)
+        global_weights = (weighted_sum / total).float()
+        set_flat_weights(model, global_weights)
+        with torch.no_grad():
+            accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
+        seconds.append(time.perf_counter() - started)
+    return {"steady_round_s": steady(seconds), "round_s": seconds, "final_accuracy": accuracy}
+
+
+def scaling(registered: int, out_dir: str) -> dict:
+    overrides = [
+        "data.name=synthetic",
+        f"data.synthetic.num_train={2 * registered}",
+        "data.synthetic.num_test=500",
+        f"data.num_clients={registered}",
+        "data.partition=iid",
+        "train.clients_per_round=10",
+        "train.rounds=10",
+        "train.local_epochs=1",
+        "resources.num_workers=2",
+        "checkpoint.every=1000",
+        "output.tensorboard=false",
+        "output.plots=false",
+    ]
+    return run_fedray(overrides, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        fedray_w1 = run_fedray(W1, scratch)  # starts the local Ray: its start-up is measured here
+        plain_w1 = run_plain(W1)
+        small = scaling(100, scratch)
+        large = scaling(100_000, scratch)
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    ray.shutdown()
+
+    figures = {
+        "ray_startup_s": fedray_w1["ray_startup_s"],
+        "fedray_steady_round_s": fedray_w1["steady_round_s"],
+        "plain_steady_round_s": plain_w1["steady_round_s"],
+        "ratio_fedray_over_plain": fedray_w1["steady_round_s"] / plain_w1["steady_round_s"],
+        "fedray_end_to_end_s": fedray_w1["end_to_end_s"],
+        "fedray_final_accuracy": fedray_w1["final_accuracy"],
+        "plain_final_accuracy": plain_w1["final_accuracy"],
+        "round_s_100_clients": small["steady_round_s"],
+        "round_s_100000_clients": large["steady_round_s"],
+        "ratio_100000_over_100": large["steady_round_s"] / small["steady_round_s"],
+        "driver_peak_rss_gb": peak_rss_gb,
+    }
+    width = max(map(len, figures))
+    for name, value in figures.items():
+        print(f"{name:<{width}}  {value:.4f}")
+    print(f"target: ratio_fedray_over_plain <= 1.1 -> {'met' if figures['ratio_fedray_over_plain'] <= 1.1 else 'NOT met'}")
+    print(f"target: ratio_100000_over_100 <= 1.2 -> {'met' if figures['ratio_100000_over_100'] <= 1.2 else 'NOT met'}")
+    print(f"target: driver_peak_rss_gb < 2 -> {'met' if peak_rss_gb < 2 else 'NOT met'}")
+    if args.json:
+        args.json.write_text(json.dumps({**figures, "fedray_round_s": fedray_w1["round_s"], "plain_round_s": plain_w1["round_s"]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

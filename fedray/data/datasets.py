@@ -1,0 +1,234 @@
+"""Load a dataset named by ``data.name`` into uint8 ``[N, C, H, W]`` arrays.
+
+``digits`` ships inside scikit-learn and ``synthetic`` is generated, so neither needs files. The
+torchvision sets are read through torchvision's own dataset classes (their array attributes, never
+per-sample PIL images) from ``data.root``; Tiny-ImageNet is read from its image-folder layout. A
+missing data directory is a :class:`~fedray.config.ConfigError` that says where the files should be
+and how to get them. torchvision and scikit-learn are imported inside the loaders so that importing
+:mod:`fedray.data` stays light.
+
+Default augmentation (``data.augmentation=auto``): ``crop_flip`` for CIFAR-10/100, SVHN and
+Tiny-ImageNet, ``none`` for digits, MNIST, Fashion-MNIST and synthetic. SVHN gets ``crop_flip`` too,
+as in the common FL benchmark pipelines, rather than a crop-only variant: the config offers exactly
+``none`` and ``crop_flip``, and ``data.augmentation=none`` turns flipping off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedray.config import ConfigError, DataConfig
+from fedray.data.base import ArrayDataset, DatasetInfo
+
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+
+@dataclass(frozen=True)
+class _TorchvisionSource:
+    """How one torchvision dataset is found on disk and what it contains."""
+
+    class_name: str
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augmentation: str
+    expected_files: str  # what to place under data.root, for the missing-files message
+
+
+_TORCHVISION_SOURCES = {
+    "mnist": _TorchvisionSource(
+        "MNIST", 10, (0.1307,), (0.3081,), "none",
+        "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (the four unzipped idx files)",
+    ),
+    "fmnist": _TorchvisionSource(
+        "FashionMNIST", 10, (0.2860,), (0.3530,), "none",
+        "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte "
+        "(the four unzipped idx files)",
+    ),
+    "cifar10": _TorchvisionSource(
+        "CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip",
+        "cifar-10-batches-py/ with data_batch_1..5, test_batch and batches.meta "
+        "(cifar-10-python.tar.gz extracted)",
+    ),
+    "cifar100": _TorchvisionSource(
+        "CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip",
+        "cifar-100-python/ with train, test and meta (cifar-100-python.tar.gz extracted)",
+    ),
+    "svhn": _TorchvisionSource(
+        "SVHN", 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "crop_flip",
+        "train_32x32.mat and test_32x32.mat (the cropped-digits .mat files) directly",
+    ),
+}
+_TINY_IMAGENET_STATS = ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821))
+_TINY_IMAGENET_FILES = (
+    "tiny-imagenet-200/ with wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG and "
+    f"val/val_annotations.txt (tiny-imagenet-200.zip from {TINY_IMAGENET_URL} extracted)"
+)
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    """Load ``cfg.name`` as (train, test, info).
+
+    ``digits`` and ``synthetic`` are split (seeded by ``seed``) with ``cfg.test_fraction``; the
+    others use their official train/test splits (Tiny-ImageNet: its labelled val set is the test
+    set). ``info.augmentation`` is the dataset's default unless ``cfg.augmentation`` names one.
+    """
+    if cfg.name == "digits":
+        train, test = _load_digits(cfg.test_fraction, seed)
+        num_classes, default_augmentation, stats = 10, "none", None
+    elif cfg.name == "synthetic":
+        train, test = _make_synthetic(cfg, seed)
+        num_classes, default_augmentation, stats = cfg.synthetic.num_classes, "none", None
+    elif cfg.name == "tinyimagenet":
+        train, test, num_classes = _load_tiny_imagenet(Path(cfg.root), cfg.download)
+        default_augmentation, stats = "crop_flip", _TINY_IMAGENET_STATS
+    else:
+        source = _TORCHVISION_SOURCES[cfg.name]
+        train, test = _load_torchvision(cfg.name, source, Path(cfg.root), cfg.download)
+        num_classes, default_augmentation = source.num_classes, source.augmentation
+        stats = (source.mean, source.std)
+    mean, std = stats if stats is not None else _channel_stats(train.x)
+    info = DatasetInfo(
+        name=cfg.name,
+        num_classes=num_classes,
+        channels=int(train.x.shape[1]),
+        image_size=int(train.x.shape[2]),
+        mean=tuple(mean),
+        std=tuple(std),
+        augmentation=default_augmentation if cfg.augmentation == "auto" else cfg.augmentation,
+    )
+    return train, test, info
+
+
+def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images on the 0..1 scale."""
+    mean = x.mean(axis=(0, 2, 3), dtype=np.float64) / 255.0
+    std = x.std(axis=(0, 2, 3), dtype=np.float64) / 255.0
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
+def _load_digits(test_fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """scikit-learn's 8×8 digits (0..16 → uint8 ``round(v·255/16)``), split stratified."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    y = digits.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(y.shape[0]), test_size=test_fraction, stratify=y, random_state=seed
+    )
+    return ArrayDataset(x[train_idx], y[train_idx]), ArrayDataset(x[test_idx], y[test_idx])
+
+
+def _make_synthetic(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """Class-dependent fixed random patterns (uniform on 0..1) plus Gaussian noise of std
+    ``cfg.synthetic.noise``, clipped and quantised to uint8. Labels are balanced and shuffled."""
+    spec = cfg.synthetic
+    rng = np.random.default_rng(seed)
+    shape = (spec.channels, spec.image_size, spec.image_size)
+    patterns = rng.random((spec.num_classes, *shape), dtype=np.float32)
+
+    def sample(n: int) -> ArrayDataset:
+        y = rng.permutation(np.arange(n, dtype=np.int64) % spec.num_classes)
+        # In place on one float32 array: 200,000 × 1×8×8 takes about 0.1 s.
+        pixels = rng.standard_normal((n, *shape), dtype=np.float32)
+        pixels *= np.float32(spec.noise)
+        pixels += patterns[y]
+        pixels *= np.float32(255.0)
+        np.clip(pixels, 0, 255, out=pixels)
+        np.rint(pixels, out=pixels)
+        return ArrayDataset(pixels.astype(np.uint8), y)
+
+    return sample(spec.num_train), sample(spec.num_test)
+
+
+def _missing_files_error(
+    name: str, directory: Path, expected: str, reason: Exception
+) -> ConfigError:
+    """The error for absent or incomplete files: where they were looked for and how to get them."""
+    return ConfigError(
+        f"data.name={name}: dataset files not found or incomplete in {directory.resolve()} "
+        f"({reason}). Either download them with --set data.download=true (needs internet), or "
+        f"place {expected} under data.root ({directory})."
+    )
+
+
+def _load_torchvision(
+    name: str, source: _TorchvisionSource, root: Path, download: bool
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """Official train/test splits through ``torchvision.datasets.<class_name>``."""
+    import torchvision.datasets
+
+    dataset_class = getattr(torchvision.datasets, source.class_name)
+    try:
+        if name == "svhn":
+            splits = [dataset_class(root, split=s, download=download) for s in ("train", "test")]
+        else:
+            splits = [dataset_class(root, train=t, download=download) for t in (True, False)]
+    except (RuntimeError, OSError) as error:
+        raise _missing_files_error(name, root, source.expected_files, error) from None
+    return tuple(_arrays_of(name, split) for split in splits)  # type: ignore[return-value]
+
+
+def _arrays_of(name: str, split: object) -> ArrayDataset:
+    """The uint8 ``[N, C, H, W]`` images and int64 labels held by a torchvision dataset object."""
+    if name == "svhn":  # already [N, 3, 32, 32]; labels with digit 0 mapped from 10 to 0
+        x, y = np.asarray(split.data), np.asarray(split.labels)  # type: ignore[attr-defined]
+    elif name in ("mnist", "fmnist"):  # torch uint8 [N, 28, 28]
+        x, y = split.data.numpy()[:, None], split.targets.numpy()  # type: ignore[attr-defined]
+    else:  # CIFAR: numpy [N, 32, 32, 3], list of labels
+        x = np.asarray(split.data).transpose(0, 3, 1, 2)  # type: ignore[attr-defined]
+        y = np.asarray(split.targets)  # type: ignore[attr-defined]
+    return ArrayDataset(np.ascontiguousarray(x, dtype=np.uint8), y.astype(np.int64))
+
+
+def _load_tiny_imagenet(root: Path, download: bool) -> tuple[ArrayDataset, ArrayDataset, int]:
+    """Tiny-ImageNet-200 from ``<root>/tiny-imagenet-200``: ``train/`` through torchvision's
+    ``ImageFolder`` (class index = position of the wnid in sorted order), the labelled ``val/`` set
+    (``val/val_annotations.txt``) as the test set. 64×64 RGB."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    base = root / "tiny-imagenet-200"
+    val = base / "val"
+    required = [base / "wnids.txt", base / "train", val / "images", val / "val_annotations.txt"]
+    if download and not all(path.exists() for path in required):
+        try:
+            download_and_extract_archive(TINY_IMAGENET_URL, str(root))
+        except (RuntimeError, OSError) as error:
+            raise _missing_files_error("tinyimagenet", root, _TINY_IMAGENET_FILES, error) from None
+    missing = [str(path.relative_to(root)) for path in required if not path.exists()]
+    if missing:
+        reason = FileNotFoundError(f"missing {', '.join(missing)}")
+        raise _missing_files_error("tinyimagenet", root, _TINY_IMAGENET_FILES, reason)
+    try:
+        train_folder = ImageFolder(str(base / "train"))
+    except (FileNotFoundError, OSError) as error:
+        raise _missing_files_error("tinyimagenet", root, _TINY_IMAGENET_FILES, error) from None
+    wnids = (base / "wnids.txt").read_text().split()
+    if sorted(wnids) != train_folder.classes:
+        raise ConfigError(
+            f"data.name=tinyimagenet: the class folders of {base / 'train'} do not match "
+            f"{base / 'wnids.txt'} ({len(train_folder.classes)} folders, {len(wnids)} wnids)"
+        )
+    val_paths, val_labels = [], []
+    for line in (val / "val_annotations.txt").read_text().splitlines():
+        if line.strip():
+            file_name, wnid = line.split("\t")[:2]
+            val_paths.append(val / "images" / file_name)
+            val_labels.append(train_folder.class_to_idx[wnid])
+
+    def read_images(paths: list) -> np.ndarray:
+        images = [np.asarray(train_folder.loader(str(path))) for path in paths]  # RGB [H, W, 3]
+        return np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2))
+
+    train = ArrayDataset(
+        read_images([path for path, _ in train_folder.samples]),
+        np.asarray(train_folder.targets, dtype=np.int64),
+    )
+    test = ArrayDataset(read_images(val_paths), np.asarray(val_labels, dtype=np.int64))
+    return train, test, len(wnids)
