@@ -42,7 +42,7 @@ def test_algorithm_defaults_are_filled_in():
         ("model.name=vgg", "model.name"),
         ("train.rounds=many", "train.rounds"),
         ("data.colour=red", "unknown key (allowed: "),
-        ("algorithm.name=fedfoo", "allowed: fedavg, fedprox"),
+        ("algorithm.name=fedfoo", "unknown algorithm 'fedfoo' (allowed: "),
         ("algorithm.mu=0.1", "algorithm.mu: unknown key"),  # FedAvg has no μ
         ("resources.gpus_per_worker=1.5", "resources.gpus_per_worker"),
     ],
@@ -84,3 +84,8 @@ def test_saved_config_round_trips(tmp_path):
 def test_cli_exits_2_with_the_key_in_the_message(capsys):
     assert main(["run", "--set", "data.alpha=-1", "--quiet"]) == 2
     assert "data.alpha" in capsys.readouterr().err
+
+
+def test_unknown_algorithm_lists_the_registered_ones():
+    message = error_of(["algorithm.name=fedfoo"])
+    assert "fedavg" in message and "fedprox" in message

@@ -1,10 +1,15 @@
 """``metrics.parquet``: one row per round (``scope == "round"``) plus one row per client per round
-(``scope == "client"``, with ``client_id``). Rewritten atomically after every round, so a reader (the
-dashboard, a notebook) never sees a half-written file and a crash loses nothing already reported."""
+(``scope == "client"``, with ``client_id``).
+
+The file is rewritten atomically, so a reader (the dashboard, a notebook) never sees a half-written
+file. It is rewritten at every checkpoint round, at the end, and otherwise at most once per
+``min_interval`` seconds: rows after the last checkpoint are recomputed on resume anyway, and the
+rewrite grows with the run, so rewriting it every round would make long runs quadratic."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +38,10 @@ def read_metrics(run_dir: str | Path, scope: str = "round") -> list[dict[str, An
 
 
 class MetricsParquet(Callback):
-    def __init__(self) -> None:
+    def __init__(self, min_interval: float = 1.0) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.min_interval = min_interval
+        self._last_write = 0.0
 
     def on_run_start(self, run: RunContext) -> None:
         path = run.run_dir / METRICS_FILE
@@ -45,4 +52,13 @@ class MetricsParquet(Callback):
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         self.rows.append({"scope": "round", "client_id": None, **row})
         self.rows.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
+        checkpoint_round = row["round"] % run.config.checkpoint.every == 0
+        if checkpoint_round or time.monotonic() - self._last_write >= self.min_interval:
+            self._write(run)
+
+    def on_run_end(self, run: RunContext) -> None:
+        self._write(run)
+
+    def _write(self, run: RunContext) -> None:
         write_table_atomically(self.rows, run.run_dir / METRICS_FILE)
+        self._last_write = time.monotonic()
