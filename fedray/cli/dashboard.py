@@ -1,0 +1,64 @@
+"""``fedray dashboard PATH [--host H] [--port P]``: serve a live web page over a sweep directory, a
+run directory or a folder of runs (see :mod:`fedray.dashboard`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedray.config import ConfigError
+
+DEFAULT_PORT = 8050
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "dashboard",
+        help="watch a sweep (or runs) in the browser: trials table, curves, parallel coordinates, best config",
+        description=(
+            "Serve a local web page over PATH: a sweep directory from `fedray tune` (sweeps/<sweep-id>), "
+            "a run directory from `fedray run`, or a folder of run directories. The page refreshes by itself "
+            "while the files grow. It reads only the files, so a copied folder works too."
+        ),
+    )
+    parser.add_argument("path", help="sweep directory, run directory, or folder of run directories")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 = any free port)")
+    parser.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS", help="how often the page checks for new results (default: 2)")
+    parser.add_argument("--open", action="store_true", help="open the page in the default browser")
+    parser.set_defaults(handler=dashboard_command)
+
+
+def dashboard_command(args: argparse.Namespace) -> int:
+    from fedray.dashboard.app import DashboardServer
+
+    path = Path(args.path).expanduser()
+    if not path.exists():
+        raise ConfigError(f"dashboard: {path} does not exist; give a sweep directory (sweeps/<sweep-id>), a run directory or a folder of runs")
+    if not path.is_dir():
+        raise ConfigError(f"dashboard: {path} is a file, not a directory; give a sweep directory, a run directory or a folder of runs")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"dashboard: --port must be between 0 and 65535, got {args.port}")
+    if args.refresh < 0.5:
+        raise ConfigError(f"dashboard: --refresh must be at least 0.5 seconds, got {args.refresh}")
+    try:
+        server = DashboardServer(path, host=args.host, port=args.port, refresh_seconds=args.refresh)
+    except OSError as error:
+        raise ConfigError(f"dashboard: cannot listen on {args.host}:{args.port} ({error.strerror or error}); pick another --port, or --port 0 for any free one") from None
+    except RuntimeError as error:  # plotly or the page's static files missing
+        print(f"fedray: {error}", file=sys.stderr)
+        return 1
+    kind = server.data.overview().kind
+    print(f"fedray dashboard: {path.resolve()} ({kind}) at {server.url}  (Ctrl+C to stop)", flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

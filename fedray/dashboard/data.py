@@ -1,0 +1,622 @@
+"""Reading what a sweep or run writes, for the dashboard: only files, no Ray, no fedray runtime.
+
+Three kinds of folder are understood (:func:`detect_kind`):
+
+- a **sweep directory** written by ``fedray tune`` (the sweep directory contract): ``meta.json``,
+  ``trials.parquet`` (one row per trial), ``rounds.parquet`` (one row per trial per round) and
+  ``trials/<trial_id>/`` (each trial's own run directory);
+- a **run directory** written by ``fedray run``: ``config.yaml``, ``metrics.parquet`` (rows with
+  ``scope`` = ``"round"`` or ``"client"``), ``summary.json``, ``partition.png``, ...;
+- a **folder of run directories** (e.g. ``runs/``): shown like a sweep whose swept keys are the config
+  keys that differ between the runs.
+
+A single run and a folder of runs are turned into the same shape as a sweep (:class:`Overview`: a trials
+table plus per-trial round rows), so the page has one code path. The files may be growing or
+half-written while they are read (a live sweep, a copy in progress): nothing here raises on their
+content; problems become :class:`Message` s shown on the page, and the last good read of a file that
+has become unreadable is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from fedray.config.schema import OutputConfig
+
+# File names of the sweep directory contract and of a fedray run directory.
+META_FILE = "meta.json"
+TRIALS_FILE = "trials.parquet"
+ROUNDS_FILE = "rounds.parquet"
+SWEEP_SPEC_FILE = "sweep.yaml"
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.parquet"
+SUMMARY_FILE = "summary.json"
+# Files of a run directory the page may fetch (nothing else under the folder is ever served).
+RUN_FILES = ("config.yaml", "partition.png", "learning_curve.png", "summary.json")
+
+DEFAULT_METRIC = "test_accuracy"
+MAX_CURVE_POINTS = 500
+# Columns of trials.parquet that are not swept keys.
+TRIAL_COLUMNS = ("trial_id", "status", "round", "latest_metric", "best_metric", "best_round", "wall_time_s", "run_dir", "error")
+# Round-row columns that are bookkeeping, not metrics to plot.
+NON_METRIC_COLUMNS = {"trial_id", "round", "scope", "client_id"}
+# Config keys that differ between any two runs and say nothing about the method.
+IGNORED_CONFIG_KEYS = {"output.dir", "output.name"}
+
+Kind = Literal["sweep", "run", "runs", "empty", "missing"]
+
+
+@dataclass
+class Message:
+    level: Literal["info", "warning", "error"]
+    text: str
+
+
+@dataclass
+class Overview:
+    """Everything the page's header, trials table, parallel coordinates and best-config panel show."""
+
+    kind: Kind
+    path: str
+    title: str
+    version: str
+    metric: str
+    mode: Literal["max", "min"]
+    swept_keys: list[str]
+    trials: list[dict[str, Any]]
+    round_metrics: list[str]  # numeric columns of the round rows, for the curve's metric menu
+    best_trial: str | None
+    best_config: str | None  # the best trial's config.yaml, verbatim
+    status: str | None = None  # the sweep's meta.json status
+    num_trials: int | None = None  # trials the sweep will run (meta.json), when known
+    started_at: str | None = None
+    ray_dashboard_url: str | None = None
+    messages: list[Message] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure helpers (unit-tested on their own)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN/inf replaced by None and numpy scalars/arrays made plain, for strict JSON."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "iub" or (value.dtype.kind == "f" and np.isfinite(value).all()):
+            return value.tolist()  # the common case (downsampled curves): no per-element walk
+        return json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is pd.NaT:
+        return None
+    return value
+
+
+def downsample(x: np.ndarray, y: np.ndarray, max_points: int = MAX_CURVE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points`` points of the curve ``(x, y)`` that still look like it when plotted.
+
+    Points with a non-finite ``y`` (rounds without evaluation) are dropped. Longer curves keep the
+    first and last point and, from each of ``(max_points - 2) // 2`` equal buckets in between, the
+    points with the lowest and highest ``y`` (min-max decimation), so peaks such as the best round
+    survive. ``x`` must be increasing.
+    """
+    if max_points < 4:
+        raise ValueError(f"max_points must be at least 4, got {max_points}")
+    x, y = np.asarray(x), np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(y)
+    x, y = x[finite], y[finite]
+    if len(y) <= max_points:
+        return x, y
+    interior = y[1:-1]
+    buckets = (max_points - 2) // 2  # each bucket holds at least two points, since len(y) > max_points
+    starts = np.linspace(0, len(interior), buckets + 1).astype(int)[:-1]
+    bucket_of = np.repeat(np.arange(buckets), np.diff(np.append(starts, len(interior))))
+    keep = [np.array([0, len(y) - 1])]
+    for extreme in (np.minimum, np.maximum):
+        hits = np.flatnonzero(interior == extreme.reduceat(interior, starts)[bucket_of])
+        keep.append(1 + hits[np.unique(bucket_of[hits], return_index=True)[1]])  # the first extreme of each bucket
+    keep = np.unique(np.concatenate(keep))
+    return x[keep], y[keep]
+
+
+def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
+    """The ``trial_id`` with the best finite ``best_metric`` (largest for ``mode="max"``, smallest for
+    ``"min"``); the first such trial in table order on ties; None if no trial has reported."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    sign = 1.0 if mode == "max" else -1.0
+    best_id, best_score = None, -math.inf
+    for trial in trials:
+        value = trial.get("best_metric")
+        if isinstance(value, (int, float)) and math.isfinite(value) and sign * value > best_score:
+            best_id, best_score = trial["trial_id"], sign * value
+    return best_id
+
+
+def summarize_curve(rounds: list[int], values: list[float | None], mode: str) -> dict[str, Any]:
+    """``round``, ``latest_metric``, ``best_metric`` and ``best_round`` of one trial's metric curve
+    (used where no ``trials.parquet`` gives them: single runs and folders of runs)."""
+    points = [(r, float(v)) for r, v in zip(rounds, values) if v is not None and math.isfinite(v)]
+    pick = max if mode == "max" else min
+    best = pick(points, key=lambda p: p[1]) if points else None  # first of equal values wins
+    return {
+        "round": int(max(rounds)) if len(rounds) else 0,
+        "latest_metric": points[-1][1] if points else None,
+        "best_metric": None if best is None else best[1],
+        "best_round": None if best is None else best[0],
+    }
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"data": {"alpha": 0.5}}`` → ``{"data.alpha": 0.5}``; lists become their YAML text."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_config(value, f"{name}."))
+        else:
+            flat[name] = yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, list) else value
+    return flat
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """The flattened config keys whose values are not the same in every config (in first-seen order),
+    except the run's output location."""
+    flats = [flatten_config(c) for c in configs]
+    keys = list(dict.fromkeys(k for flat in flats for k in flat))
+    return [k for k in keys if k not in IGNORED_CONFIG_KEYS and len({repr(flat.get(k)) for flat in flats}) > 1]
+
+
+def numeric_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if c not in NON_METRIC_COLUMNS and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """``(mtime_ns, size)`` of a file, or None if it is not there: what changes when it is rewritten."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file()
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_SPEC_FILE))
+
+
+def detect_kind(path: Path) -> Kind:
+    """What ``path`` is now: a sweep directory, a run directory, a folder of run directories, an
+    empty/unrecognised folder, or missing (deleted, or not a directory). A sweep wins over a run."""
+    if not path.is_dir():
+        return "missing"
+    if is_sweep_dir(path):
+        return "sweep"
+    if is_run_dir(path):
+        return "run"
+    if any(is_run_dir(child) for child in subdirectories(path)):
+        return "runs"
+    return "empty"
+
+
+def subdirectories(path: Path) -> list[Path]:
+    try:
+        return sorted(child for child in path.iterdir() if child.is_dir() and not child.name.startswith("."))
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cached, fault-tolerant file reads
+
+
+class FileCache:
+    """Parsed file contents keyed by path and ``(mtime_ns, size)``: a file is parsed again only when
+    it changed. If a file that was read before cannot be parsed now (half-written by a non-atomic
+    copy), the last good contents are returned with a warning instead of an error."""
+
+    def __init__(self, max_entries: int = 512) -> None:
+        self.max_entries = max_entries
+        self.entries: OrderedDict[tuple[Path, Callable], tuple[tuple[int, int], Any]] = OrderedDict()
+
+    def read(self, path: Path, parse: Callable[[Path], Any], messages: list[Message]) -> Any | None:
+        """The parsed file, or None if it does not exist or was never readable (a message says why).
+        ``parse`` is part of the key, so pass a module-level function, not a new lambda each call."""
+        stamp = file_stamp(path)
+        if stamp is None:
+            return None
+        key = (path, parse)
+        cached = self.entries.get(key)
+        if cached is not None and cached[0] == stamp:
+            self.entries.move_to_end(key)
+            return cached[1]
+        try:
+            value = parse(path)
+        except Exception as error:  # any parse failure of a half-written file is reported, not raised
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            if cached is not None:
+                messages.append(Message("warning", f"{path.name} could not be read ({reason}); showing its last good contents. It is probably being written or copied."))
+                return cached[1]
+            messages.append(Message("error", f"{path} could not be read ({reason}). Is it half-written or copied incompletely?"))
+            return None
+        self.entries[key] = (stamp, value)
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+        return value
+
+
+def read_text(path: Path) -> str:
+    return path.read_text()
+
+
+def read_parquet_frame(path: Path) -> pd.DataFrame:
+    return pq.read_table(path).to_pandas()
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    loaded = json.loads(path.read_text())
+    if not isinstance(loaded, dict):
+        raise ValueError(f"expected a JSON object, got {type(loaded).__name__}")
+    return loaded
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    loaded = yaml.safe_load(path.read_text())
+    if not isinstance(loaded, dict):
+        raise ValueError(f"expected a YAML mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows of ``frame`` as plain dicts, missing values as None."""
+    return json_safe(frame.astype(object).where(frame.notna(), None).to_dict("records"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The folder as the page sees it
+
+
+class DashboardData:
+    """Reads one folder (sweep, run, or folder of runs) on demand; thread-safe, cheap when nothing changed.
+
+    ``version()`` only stats files; ``overview()``, ``curves()`` and ``run_view()`` parse what changed
+    since the last call.
+    """
+
+    def __init__(self, path: str | Path, max_curve_points: int = MAX_CURVE_POINTS) -> None:
+        self.root = Path(path).expanduser().resolve()
+        self.max_curve_points = max_curve_points
+        self.cache = FileCache()
+        self.lock = threading.Lock()
+        self._overview: Overview | None = None
+        self._rounds: pd.DataFrame = pd.DataFrame(columns=["trial_id", "round"])
+
+    # -- change detection -------------------------------------------------------------------------
+
+    def watched_files(self, kind: Kind) -> list[Path]:
+        """The files whose change means the overview changed. (A trial's ``config.yaml`` is written when
+        it starts, before it reports a metric, so the best trial's config needs no watching.)"""
+        if kind == "sweep":
+            return [self.root / META_FILE, self.root / TRIALS_FILE, self.root / ROUNDS_FILE]
+        return [d / name for d in self.run_dirs(kind) for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
+
+    def version(self) -> str:
+        """A fingerprint of the watched files (and the folder's kind); it changes when any of them does."""
+        kind = detect_kind(self.root)
+        stamps = [(str(p.relative_to(self.root)), file_stamp(p)) for p in self.watched_files(kind)]
+        return f"{kind}:{hashlib.sha1(repr(stamps).encode()).hexdigest()[:16]}"
+
+    # -- the overview --------------------------------------------------------------------------------
+
+    def overview(self) -> Overview:
+        with self.lock:
+            # Taken before reading: a file that changes while it is read changes the next version(),
+            # so the change is picked up on the next call rather than lost.
+            version = self.version()
+            if self._overview is not None and self._overview.version == version:
+                return self._overview
+            kind = detect_kind(self.root)
+            if kind == "sweep":
+                overview = self._sweep_overview(version)
+            elif kind in ("run", "runs"):
+                overview = self._runs_overview(kind, version)
+            else:
+                overview = self._empty_overview(kind, version)
+            self._overview = overview
+            return overview
+
+    def _base(self, kind: Kind, version: str, **fields: Any) -> Overview:
+        defaults: dict[str, Any] = dict(
+            kind=kind, path=str(self.root), title=self.root.name, version=version, metric=DEFAULT_METRIC, mode="max",
+            swept_keys=[], trials=[], round_metrics=[], best_trial=None, best_config=None,
+        )
+        return Overview(**{**defaults, **fields})
+
+    def _empty_overview(self, kind: Kind, version: str) -> Overview:
+        self._rounds = pd.DataFrame(columns=["trial_id", "round"])
+        if kind == "missing":
+            what = "is not a directory" if self.root.exists() else "does not exist (any more)"
+            text = f"{self.root} {what}. Give a sweep directory, a fedray run directory or a folder of runs."
+            return self._base(kind, version, messages=[Message("error", text)])
+        sweeps = [d.name for d in subdirectories(self.root) if is_sweep_dir(d)]
+        if sweeps:
+            text = f"{self.root} holds sweep directories, not one sweep: open one of them ({', '.join(sweeps[:10])}{', ...' if len(sweeps) > 10 else ''})."
+        else:
+            text = (
+                f"Nothing to show yet in {self.root}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {CONFIG_FILE}/{METRICS_FILE} "
+                "(a run) and no run directories inside. This page updates by itself when a sweep or run starts writing here."
+            )
+        return self._base(kind, version, messages=[Message("info" if not sweeps else "warning", text)])
+
+    def _sweep_overview(self, version: str) -> Overview:
+        messages: list[Message] = []
+        meta = self.cache.read(self.root / META_FILE, read_json_object, messages) or {}
+        if not (self.root / META_FILE).is_file():
+            messages.append(Message("info", f"{META_FILE} is not written yet; assuming metric {DEFAULT_METRIC} (max) until it is."))
+        metric = str(meta.get("metric") or DEFAULT_METRIC)
+        mode = meta.get("mode", "max")
+        if mode not in ("max", "min"):
+            messages.append(Message("warning", f"{META_FILE}: mode {mode!r} is neither 'max' nor 'min'; using 'max'."))
+            mode = "max"
+
+        trials_frame = self.cache.read(self.root / TRIALS_FILE, read_parquet_frame, messages)
+        if trials_frame is None and not (self.root / TRIALS_FILE).is_file():
+            messages.append(Message("info", f"No trial has reported yet ({TRIALS_FILE} is not written). This page updates by itself."))
+        if trials_frame is not None and "trial_id" not in trials_frame.columns:
+            messages.append(Message("error", f"{TRIALS_FILE} has no trial_id column (columns: {', '.join(map(str, trials_frame.columns))})."))
+            trials_frame = None
+        trials = frame_records(trials_frame) if trials_frame is not None else []
+        for trial in trials:
+            trial["trial_id"] = str(trial["trial_id"])
+            for column in TRIAL_COLUMNS:
+                trial.setdefault(column, None)
+
+        swept_keys = meta.get("swept_keys")
+        if not isinstance(swept_keys, list):
+            swept_keys = [c for c in (trials_frame.columns if trials_frame is not None else []) if c not in TRIAL_COLUMNS]
+        swept_keys = [str(k) for k in swept_keys]
+        for trial in trials:
+            for key in swept_keys:
+                trial[key] = scalar_or_text(trial.get(key))
+
+        rounds = self.cache.read(self.root / ROUNDS_FILE, read_parquet_frame, messages)
+        if rounds is None and trials and not (self.root / ROUNDS_FILE).is_file():
+            messages.append(Message("info", f"{ROUNDS_FILE} is not written yet: no curves to draw."))
+        if rounds is not None and not {"trial_id", "round"} <= set(rounds.columns):
+            messages.append(Message("error", f"{ROUNDS_FILE} needs trial_id and round columns (has: {', '.join(map(str, rounds.columns))})."))
+            rounds = None
+        self._rounds = rounds if rounds is not None else pd.DataFrame(columns=["trial_id", "round"])
+        self._rounds = self._rounds.astype({"trial_id": str})
+
+        best_trial = select_best_trial(trials, mode)
+        return self._base(
+            "sweep", version,
+            title=str(meta.get("sweep_id") or self.root.name), metric=metric, mode=mode, swept_keys=swept_keys,
+            trials=trials, round_metrics=numeric_columns(self._rounds), best_trial=best_trial,
+            best_config=self._best_config(best_trial, trials, messages), status=meta.get("status"),
+            num_trials=meta.get("num_trials"), started_at=meta.get("started_at"),
+            ray_dashboard_url=meta.get("ray_dashboard_url") or None, messages=messages,
+        )
+
+    def _runs_overview(self, kind: Kind, version: str) -> Overview:
+        """A single run or a folder of runs as a sweep: one trial per run, ``test_accuracy`` (max)."""
+        messages: list[Message] = []
+        metric, mode = DEFAULT_METRIC, "max"
+        run_dirs = self.run_dirs(kind)
+        configs: list[dict[str, Any]] = []
+        trials: list[dict[str, Any]] = []
+        frames: list[pd.DataFrame] = []
+        for run_dir in run_dirs:
+            trial_id = run_dir.name
+            config = self.cache.read(run_dir / CONFIG_FILE, read_yaml_mapping, messages) or {}
+            summary = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
+            rounds = self._run_round_rows(run_dir, messages)
+            frames.append(rounds.assign(trial_id=trial_id))
+            values = rounds[metric].tolist() if metric in rounds.columns else []
+            seconds = summary.get("seconds") if summary else (rounds["seconds"].sum() if "seconds" in rounds.columns else None)
+            trials.append({
+                "trial_id": trial_id,
+                "status": "TERMINATED" if summary is not None else ("RUNNING" if len(rounds) else "PENDING"),
+                **summarize_curve(rounds["round"].tolist(), values, mode),
+                "wall_time_s": seconds,
+                "run_dir": str(run_dir.relative_to(self.root)),
+                "error": None,
+            })
+            configs.append(config)
+        swept_keys = differing_keys(configs) if kind == "runs" else []
+        for trial, config in zip(trials, configs):
+            flat = flatten_config(config)
+            trial.update({key: scalar_or_text(flat.get(key)) for key in swept_keys})
+        if kind == "runs" and len(run_dirs) > 1 and not swept_keys:
+            messages.append(Message("info", "The runs have identical configs (apart from output): no hyperparameter differs between them."))
+        self._rounds = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["trial_id", "round"])
+        best_trial = select_best_trial(trials, mode)
+        return self._base(
+            kind, version, metric=metric, mode=mode, swept_keys=swept_keys, trials=json_safe(trials),
+            round_metrics=numeric_columns(self._rounds), best_trial=best_trial,
+            best_config=self._best_config(best_trial, trials, messages), messages=messages,
+        )
+
+    def run_dirs(self, kind: Kind) -> list[Path]:
+        if kind == "run":
+            return [self.root]
+        if kind == "runs":
+            return [d for d in subdirectories(self.root) if is_run_dir(d)]
+        return []
+
+    def _run_round_rows(self, run_dir: Path, messages: list[Message]) -> pd.DataFrame:
+        """The ``scope == "round"`` rows of a run's ``metrics.parquet`` (empty frame if none yet)."""
+        metrics = self.cache.read(run_dir / METRICS_FILE, read_parquet_frame, messages)
+        if metrics is None or "round" not in metrics.columns:
+            return pd.DataFrame(columns=["round"])
+        rows = metrics[metrics["scope"] == "round"] if "scope" in metrics.columns else metrics
+        return rows.drop(columns=[c for c in ("scope", "client_id") if c in rows.columns]).sort_values("round").reset_index(drop=True)
+
+    def _best_config(self, trial_id: str | None, trials: list[dict[str, Any]], messages: list[Message]) -> str | None:
+        if trial_id is None:
+            return None
+        run_dir = self.trial_run_dir(trial_id, trials)
+        path = None if run_dir is None else run_dir / CONFIG_FILE
+        if path is None or not path.is_file():
+            messages.append(Message("warning", f"The best trial {trial_id} has no {CONFIG_FILE} here (was the sweep copied without trials/?)."))
+            return None
+        text = self.cache.read(path, read_text, messages)
+        try:
+            return as_new_run_config(text) if text is not None else None
+        except ValueError as error:
+            messages.append(Message("warning", f"{path}: {error}; shown as written."))
+            return text
+
+    # -- per trial -----------------------------------------------------------------------------------
+
+    def trial_run_dir(self, trial_id: str, trials: list[dict[str, Any]] | None = None) -> Path | None:
+        """The trial's run directory inside the folder (its ``run_dir`` in ``trials``, by default the
+        current overview's trials; else ``trials/<trial_id>``), or None if it is not there. Paths that lead
+        outside the folder are refused, so the server never reads files it was not pointed at."""
+        kind = detect_kind(self.root)
+        if kind in ("run", "runs"):
+            candidates = [d for d in self.run_dirs(kind) if d.name == trial_id]
+        else:
+            trial = self._trial(trial_id, trials)
+            recorded = trial.get("run_dir") if trial else None
+            candidates = ([self.root / recorded] if isinstance(recorded, str) and recorded else []) + [self.root / "trials" / trial_id]
+        for candidate in candidates:
+            resolved = candidate.resolve()
+            if resolved.is_dir() and resolved.is_relative_to(self.root):
+                return resolved
+        return None
+
+    def _trial(self, trial_id: str, trials: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        if trials is None:
+            trials = self._overview.trials if self._overview is not None else []
+        return next((t for t in trials if t["trial_id"] == trial_id), None)
+
+    def curves(self, trial_ids: list[str], metric: str) -> dict[str, Any]:
+        """``{"metric", "curves": {trial_id: {"round": [...], "value": [...]}}}``, each curve downsampled
+        to at most ``max_curve_points`` points; trials without the metric get no entry."""
+        self.overview()
+        with self.lock:
+            rounds = self._rounds
+        curves: dict[str, Any] = {}
+        if metric in rounds.columns:
+            selected = rounds[rounds["trial_id"].isin(trial_ids)][["trial_id", "round", metric]]
+            for trial_id, rows in selected.groupby("trial_id", sort=False):
+                rows = rows.sort_values("round")
+                x, y = downsample(rows["round"].to_numpy(), pd.to_numeric(rows[metric], errors="coerce").to_numpy(), self.max_curve_points)
+                if len(x):
+                    curves[str(trial_id)] = {"round": x, "value": y}
+        return json_safe({"metric": metric, "curves": curves})
+
+    def run_view(self, trial_id: str, client_round: int | None = None) -> dict[str, Any]:
+        """One run's page: its round curves (every numeric metric, downsampled), the per-client
+        distribution of each client metric at ``client_round`` (default: the last round with client
+        rows), its config and which figures it has."""
+        overview = self.overview()
+        messages: list[Message] = []
+        if self._trial(trial_id) is None:
+            return json_safe({"trial_id": trial_id, "found": False, "messages": [asdict(Message("error", f"No trial or run named {trial_id!r} in {self.root}."))]})
+        run_dir = self.trial_run_dir(trial_id)
+        view: dict[str, Any] = {"trial_id": trial_id, "found": True, "run_dir": None, "curves": {}, "clients": None,
+                                "config": None, "files": {}, "summary": None}
+        metrics = None
+        if run_dir is None:
+            messages.append(Message("warning", f"The run directory of {trial_id} is not here (the trial has not started, or the sweep was copied without trials/); showing its rows from {ROUNDS_FILE}."))
+        else:
+            view["run_dir"] = str(run_dir.relative_to(self.root)) or "."
+            metrics = self.cache.read(run_dir / METRICS_FILE, read_parquet_frame, messages)
+            view["config"] = self.cache.read(run_dir / CONFIG_FILE, read_text, messages)
+            view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
+            stamps = {name: file_stamp(run_dir / name) for name in RUN_FILES}
+            view["files"] = {name: stamp[0] for name, stamp in stamps.items() if stamp is not None}  # mtime: busts the browser cache
+
+        if metrics is not None and "round" in metrics.columns:
+            scope = metrics["scope"] if "scope" in metrics.columns else pd.Series("round", index=metrics.index)
+            round_rows, client_rows = metrics[scope == "round"], metrics[scope == "client"]
+        else:
+            with self.lock:
+                round_rows, client_rows = self._rounds[self._rounds["trial_id"] == trial_id], pd.DataFrame(columns=["round"])
+        round_rows = round_rows.sort_values("round")
+        for column in numeric_columns(round_rows):
+            x, y = downsample(round_rows["round"].to_numpy(), pd.to_numeric(round_rows[column], errors="coerce").to_numpy(), self.max_curve_points)
+            if len(x):
+                view["curves"][column] = {"round": x, "value": y}
+        view["clients"] = client_distribution(client_rows, client_round)
+        view["metric"], view["mode"] = overview.metric, overview.mode
+        view["messages"] = [asdict(m) for m in messages]
+        return json_safe(view)
+
+    def run_file(self, trial_id: str, name: str) -> Path | None:
+        """The path of one of :data:`RUN_FILES` of a trial's run directory, or None."""
+        if name not in RUN_FILES:
+            return None
+        self.overview()
+        run_dir = self.trial_run_dir(trial_id)
+        path = None if run_dir is None else run_dir / name
+        return path if path is not None and path.is_file() else None
+
+
+def as_new_run_config(config_text: str) -> str:
+    """A trial's ``config.yaml`` made ready for ``fedray run``: the same YAML with ``output.dir`` and
+    ``output.name`` reset to their defaults, so the new run gets its own directory under ``runs/``
+    instead of overwriting the trial's directory inside the sweep. Everything else is kept as is."""
+    try:
+        config = yaml.safe_load(config_text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise ValueError("not a YAML mapping")
+    defaults = OutputConfig()
+    config["output"] = {**(config.get("output") or {}), "dir": defaults.dir, "name": defaults.name}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def client_distribution(client_rows: pd.DataFrame, client_round: int | None) -> dict[str, Any] | None:
+    """Per-client values of each numeric client metric at one round (the last one by default), or None
+    when the run has no per-client rows."""
+    if client_rows.empty:
+        return None
+    rounds = sorted(int(r) for r in client_rows["round"].unique())
+    chosen = client_round if client_round in rounds else rounds[-1]
+    at_round = client_rows[client_rows["round"] == chosen]
+    client_ids = at_round["client_id"].tolist() if "client_id" in at_round.columns else list(range(len(at_round)))
+    values = {  # aligned with client_ids; None where a client did not report the metric
+        column: pd.to_numeric(at_round[column], errors="coerce").tolist()
+        for column in numeric_columns(client_rows)
+        if at_round[column].notna().any()
+    }
+    return json_safe({"rounds": rounds, "round": chosen, "num_clients": int(len(at_round)), "client_ids": client_ids, "metrics": values})
+
+
+def scalar_or_text(value: Any) -> Any:
+    """A swept value as the page shows it: numbers, strings, booleans and None as they are, anything
+    else (lists, mappings) as text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    return json.dumps(value, default=str)
