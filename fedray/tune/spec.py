@@ -1,0 +1,316 @@
+"""The sweep file: schema, loading and validation (everything is checked before Ray starts).
+
+A sweep file is YAML::
+
+    name: fedprox-mu                   # sweep id = <name>-<YYYYmmdd-HHMMSS> (default: the file's stem)
+    base: ../examples/fedprox_digits.yaml   # a run config (path relative to this file) or a mapping
+    overrides: [train.rounds=15]        # --set style overrides applied to the base
+    per_algorithm:                      # overrides applied only to trials of that algorithm
+      moon: [model.projection_dim=64]
+    space:                              # the search space: any run-config key -> one domain
+      algorithm.mu: {loguniform: [0.001, 1]}
+      data.alpha: {grid: [0.1, 0.5]}
+    num_samples: 2                      # samples of the non-grid keys per grid point
+    metric: test_accuracy
+    mode: max                           # default: min for *loss, max otherwise
+    scheduler: {type: asha, grace_period: 2, reduction_factor: 2}   # or: fifo
+    search: random                      # or: optuna (TPE; needs the `optuna` extra)
+    max_concurrent_trials: 2
+    max_failures: 1
+    driver_cpus: 1
+    output: {dir: sweeps}
+
+Domains (one per key): ``grid`` (every value, in every sample), ``choice`` (one value at random),
+``uniform: [low, high]``, ``loguniform: [low, high]`` (low > 0), ``randint: [low, high]`` (an integer,
+``high`` exclusive like ``range`` and ``tune.randint``).
+
+A trial's run config is built as: base ← ``overrides`` ← ``per_algorithm[<its algorithm>]`` ← the
+trial's sampled values. Before Ray starts, one run config per trial shape is built and validated: every
+combination of the ``grid``/``choice`` values with the low and the high end of each numeric range, so an
+invalid key, an out-of-range bound or a key that one algorithm of an ``algorithm.name`` grid does not
+have fails with the run config's own message, naming the trial shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import math
+from pathlib import Path
+from typing import Any, Iterator, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedray.config import ConfigError, RunConfig, apply_overrides, read_yaml, validate_config
+from fedray.config.loader import format_validation_error
+
+Scalar = Union[bool, int, float, str]
+DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
+#: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
+METRICS = ("test_accuracy", "test_loss", "train_loss", "personal_accuracy", "personal_accuracy_std")
+SWEEP_FILE = "sweep.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Domain(_Strict):
+    """One key's search domain: exactly one of ``grid``, ``choice``, ``uniform``, ``loguniform``, ``randint``."""
+
+    kind: Literal[DOMAINS]  # type: ignore[valid-type]
+    values: list[Scalar]  # grid/choice: the values; ranges: [low, high]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_mapping(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in DOMAINS:
+            raise ValueError(f"expected a mapping with exactly one of {', '.join(DOMAINS)}, e.g. {{grid: [0.1, 0.5]}}")
+        kind, values = next(iter(raw.items()))
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{kind}: expected a non-empty list")
+        return {"kind": kind, "values": values}
+
+    @model_validator(mode="after")
+    def _check_values(self) -> "Domain":
+        if self.kind in ("grid", "choice"):
+            kinds = {_value_kind(v) for v in self.values}
+            if len(kinds) > 1:
+                raise ValueError(f"{self.kind}: values must all be numbers, all strings or all booleans (got {self.values})")
+            return self
+        if len(self.values) != 2 or any(_value_kind(v) != "number" for v in self.values):
+            raise ValueError(f"{self.kind}: expected [low, high] numbers (got {self.values})")
+        low, high = self.values
+        if not low < high:
+            raise ValueError(f"{self.kind}: low must be < high (got {self.values})")
+        if self.kind == "loguniform" and low <= 0:
+            raise ValueError(f"loguniform: low must be > 0 (got {self.values})")
+        if self.kind == "randint" and not all(isinstance(v, int) for v in self.values):
+            raise ValueError(f"randint: low and high must be integers (got {self.values})")
+        return self
+
+    def representative_values(self) -> list[Scalar]:
+        """The values validated before Ray starts: every listed value, or a range's two ends."""
+        if self.kind in ("grid", "choice"):
+            return list(self.values)
+        low, high = self.values
+        return [low, high - 1] if self.kind == "randint" else [low, high]
+
+    def to_tune(self) -> Any:
+        """The Ray Tune search-space object for this domain."""
+        from ray import tune
+
+        if self.kind == "grid":
+            return tune.grid_search(list(self.values))
+        if self.kind == "choice":
+            return tune.choice(list(self.values))
+        return getattr(tune, self.kind)(*self.values)
+
+    def to_yaml(self) -> dict[str, list[Scalar]]:
+        return {self.kind: list(self.values)}
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, (int, float)) else "string"
+
+
+class SchedulerSpec(_Strict):
+    """``fifo`` runs every trial to the end; ``asha`` (asynchronous successive halving) stops a trial at
+    a rung (``grace_period`` · ``reduction_factor``^k rounds) when its metric is outside the best
+    1/``reduction_factor`` of the trials that reached that rung."""
+
+    type: Literal["fifo", "asha"] = "fifo"
+    grace_period: int = Field(2, ge=1, description="asha: rounds every trial runs before it can be stopped")
+    reduction_factor: float = Field(2.0, gt=1, description="asha: keep the best 1/reduction_factor at each rung")
+
+
+class SearchSpec(_Strict):
+    """``random``: Tune's basic variant generator (every ``grid`` key enumerated, the others sampled at
+    random, ``num_samples`` times). ``optuna``: Optuna's TPE sampler (``pip install 'fedray[optuna]'``),
+    which samples and so does not take ``grid`` domains."""
+
+    type: Literal["random", "optuna"] = "random"
+    seed: int | None = Field(None, description="seed of the search's random sampling (None: unseeded)")
+
+
+class SweepOutput(_Strict):
+    dir: str = Field("sweeps", description="where sweeps/<sweep-id>/ is created")
+
+
+class SweepSpec(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    base: dict[str, Any] = Field(default_factory=dict, description="the base run config, inlined")
+    overrides: list[str] = Field(default_factory=list)
+    per_algorithm: dict[str, list[str]] = Field(default_factory=dict)
+    space: dict[str, Domain]
+    num_samples: int = Field(1, ge=1)
+    metric: str = "test_accuracy"
+    mode: Literal["max", "min"] | None = None
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    max_concurrent_trials: int | None = Field(None, ge=1, description="None: as many as the resources allow")
+    max_failures: int = Field(1, ge=0, description="retries of a crashed trial (from its last checkpoint)")
+    driver_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each trial's driver (bundle 0)")
+    output: SweepOutput = Field(default_factory=SweepOutput)
+
+    @field_validator("scheduler", "search", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("space")
+    @classmethod
+    def _non_empty(cls, space: dict[str, Domain]) -> dict[str, Domain]:
+        if not space:
+            raise ValueError("give at least one key to sweep, e.g. data.alpha: {grid: [0.1, 0.5]}")
+        return space
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r} (allowed: {', '.join(METRICS)})")
+        return metric
+
+    @model_validator(mode="after")
+    def _defaults_and_combinations(self) -> "SweepSpec":
+        if self.mode is None:
+            self.mode = "min" if self.metric.endswith("loss") or self.metric.endswith("_std") else "max"
+        if self.search.type == "optuna":
+            grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
+            if grids:
+                raise ValueError(f"search optuna samples the space and takes no grid domain: use choice for {', '.join(grids)}")
+        return self
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def swept_keys(self) -> list[str]:
+        return list(self.space)
+
+    @property
+    def num_trials(self) -> int:
+        """Trials the sweep will run: the grid's size × ``num_samples`` (``num_samples`` for Optuna)."""
+        grid_points = math.prod(len(d.values) for d in self.space.values() if d.kind == "grid")
+        return self.num_samples * grid_points
+
+    def param_space(self) -> dict[str, Any]:
+        """The Tune ``param_space``: flat, keyed by the run-config key (``"algorithm.mu"``)."""
+        return {key: domain.to_tune() for key, domain in self.space.items()}
+
+    def trial_config(self, values: dict[str, Any]) -> RunConfig:
+        """The validated run config of the trial with the swept ``values``."""
+        raw = copy.deepcopy(self.base)
+        apply_overrides(raw, self.overrides)
+        algorithm = values.get("algorithm.name", (raw.get("algorithm") or {}).get("name", "fedavg"))
+        apply_overrides(raw, self.per_algorithm.get(algorithm, []))
+        for key, value in values.items():
+            _set_key(raw, key, value)
+        return validate_config(raw)
+
+    def trial_shapes(self) -> Iterator[dict[str, Scalar]]:
+        """Every combination of each key's representative values (see the module docstring)."""
+        keys = list(self.space)
+        for combination in itertools.product(*(self.space[k].representative_values() for k in keys)):
+            yield dict(zip(keys, combination))
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json")
+        data["space"] = {key: domain.to_yaml() for key, domain in self.space.items()}
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _set_key(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``section.key`` in a raw config mapping to an already typed value."""
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"space: {key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_sweep(raw: dict[str, Any], source: str | Path, base_dir: Path) -> SweepSpec:
+    """Validate a raw sweep mapping (``base`` as a path relative to ``base_dir`` or a mapping) and
+    every trial shape's run config; raises :class:`ConfigError` naming the key and what is allowed."""
+    raw = dict(raw)
+    raw.setdefault("name", Path(source).stem)
+    base = raw.get("base", {})
+    if isinstance(base, str):
+        raw["base"] = read_yaml(base_dir / base)
+    elif base is not None and not isinstance(base, dict):
+        raise ConfigError(f"invalid sweep file {source}:\n  base: expected a run-config path or mapping (got {base!r})")
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as error:
+        message = format_validation_error(error, SweepSpec).removeprefix("invalid config:")
+        raise ConfigError(f"invalid sweep file {source}:{message}") from None
+    _resolve_paths(spec)
+    _check_trials(spec, source)
+    return spec
+
+
+def load_sweep(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
+    """Read and validate a sweep file; ``overrides`` are appended to its ``overrides``."""
+    path = Path(path)
+    raw = read_yaml(path)
+    raw["overrides"] = list(raw.get("overrides") or []) + list(overrides)
+    return parse_sweep(raw, path, path.parent)
+
+
+def _resolve_paths(spec: SweepSpec) -> None:
+    """Trials run in Ray workers whose working directory is not the caller's: pin the relative paths
+    a trial reads (``data.root``) and the sweep's output directory to the caller's directory."""
+    data = spec.base.setdefault("data", {})
+    if isinstance(data, dict) and not Path(str(data.get("root", "data"))).is_absolute():
+        data["root"] = str(Path(str(data.get("root", "data"))).resolve())
+    spec.output.dir = str(Path(spec.output.dir).resolve())
+
+
+def _check_trials(spec: SweepSpec, source: str | Path) -> None:
+    from fedray.algorithms import ALGORITHMS
+
+    unknown = [name for name in spec.per_algorithm if name not in ALGORITHMS]
+    if unknown:
+        raise ConfigError(
+            f"invalid sweep file {source}:\n  per_algorithm: unknown algorithm(s) {', '.join(unknown)} "
+            f"(allowed: {', '.join(ALGORITHMS)})"
+        )
+    if spec.search.type == "optuna" and importlib.util.find_spec("optuna") is None:
+        raise ConfigError(
+            f"invalid sweep file {source}:\n  search: optuna is not installed; pip install 'fedray[optuna]' "
+            "(or use search: random)"
+        )
+    for values in spec.trial_shapes():
+        try:
+            config = spec.trial_config(values)
+        except ConfigError as error:
+            shape = ", ".join(f"{k}={v!r}" for k, v in values.items())
+            detail = str(error).removeprefix("invalid config:")
+            raise ConfigError(f"invalid sweep file {source}: the trial with {shape} has an invalid run config:{detail}") from None
+        if spec.metric.startswith("personal_") and not config.eval.personalized:
+            raise ConfigError(
+                f"invalid sweep file {source}:\n  metric: {spec.metric} needs eval.personalized=true "
+                "and data.client_test_fraction > 0 in the base config"
+            )
+        if spec.scheduler.type == "asha" and spec.scheduler.grace_period > config.train.rounds:
+            raise ConfigError(
+                f"invalid sweep file {source}:\n  scheduler.grace_period: {spec.scheduler.grace_period} must be "
+                f"<= train.rounds ({config.train.rounds})"
+            )
+
+
+def max_rounds(spec: SweepSpec) -> int:
+    """The most rounds any trial runs (ASHA's ``max_t``)."""
+    return max(spec.trial_config(values).train.rounds for values in spec.trial_shapes())
+
+
+def trial_cpus(config: RunConfig, spec: SweepSpec) -> float:
+    """CPUs one trial reserves: its driver, its server and its workers."""
+    resources = config.resources
+    return spec.driver_cpus + resources.server_cpus + resources.num_workers * resources.cpus_per_worker

@@ -1,0 +1,172 @@
+"""One Tune trial = one full fedray simulation, inside the trial's own placement group.
+
+Resources (DESIGN.md principle 8): a trial reserves, in one ``tune.PlacementGroupFactory``,
+
+- bundle 0: the trial's driver (``driver_cpus`` of the sweep file) plus the server actor
+  (``resources.server_cpus``, 0 by default), which :func:`fedray.runtime.run_experiment` schedules in
+  bundle 0 of the group it is given;
+- bundles 1..W: one per worker, ``{"CPU": cpus_per_worker, "GPU": gpus_per_worker}``.
+
+So concurrent trials never oversubscribe a CPU or a GPU: Tune starts a trial only when its whole group
+fits. Tune's head bundle is declared empty (``{}``) and bundle 0's CPUs are listed as the first
+"child" bundle: Tune then runs the trial's driver in bundle 0 *without* charging it to the bundle,
+which leaves bundle 0's CPUs for the server (a driver charged with the whole bundle would leave the
+server no room and it would never be scheduled). The driver's share is still reserved by the group.
+
+Reporting: every evaluated round is sent to Tune (``tune.report``) with the engine's round row (so
+ASHA can stop a weak trial after any round) and, when the engine has written a newer checkpoint into
+the trial's run directory, a small Tune checkpoint naming that round. The last round is sent once the
+simulation has ended (see :class:`TuneReporter`). A trial that Tune restores (a
+retry after a crash, or ``fedray tune --resume``) continues from the engine's latest checkpoint in
+its run directory (``run_experiment(resume=True)``) and first re-reports the rounds Tune has not seen.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+from ray import tune
+from ray.util.placement_group import get_current_placement_group
+
+from fedray.config import RunConfig
+from fedray.runtime import list_checkpoints, run_experiment
+from fedray.runtime.experiment import SUMMARY_FILE, default_callbacks
+from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
+from fedray.tune.results import engine_metrics, trial_run_dir
+from fedray.tune.spec import SweepSpec
+
+SERVER_BUNDLE = 0
+FIRST_WORKER_BUNDLE = 1
+CHECKPOINT_FILE = "fedray_checkpoint.json"
+PLACEMENT_FILE = "placement.json"
+
+
+def trial_bundles(config: RunConfig, driver_cpus: float) -> list[dict[str, float]]:
+    """Bundle 0 (driver + server), then one bundle per worker."""
+    resources = config.resources
+    worker = {"CPU": resources.cpus_per_worker}
+    if resources.gpus_per_worker > 0:
+        worker["GPU"] = resources.gpus_per_worker
+    return [{"CPU": driver_cpus + resources.server_cpus}] + [dict(worker) for _ in range(resources.num_workers)]
+
+
+def trial_resources(spec: SweepSpec) -> Callable[[dict[str, Any]], tune.PlacementGroupFactory]:
+    """Per-trial resources for ``tune.with_resources`` (a function: a sweep may vary ``resources.*``)."""
+
+    def resources(values: dict[str, Any]) -> tune.PlacementGroupFactory:
+        config = spec.trial_config({key: values[key] for key in spec.swept_keys})
+        # The empty head bundle: see the module docstring.
+        return tune.PlacementGroupFactory([{}] + trial_bundles(config, spec.driver_cpus), strategy="PACK")
+
+    return resources
+
+
+class TuneReporter(Callback):
+    """Sends each evaluated round to Tune, with a Tune checkpoint when the engine wrote a new one.
+
+    The last round is held back until the simulation has ended (:meth:`report_held_back`): Tune may
+    end a trial at any report (ASHA stops every trial that reaches its last round), and the run
+    directory is complete (``summary.json``, final plots) only once ``run_experiment`` returns.
+    """
+
+    def __init__(self, metric: str, reported_round: int, last_round: int) -> None:
+        self.metric = metric
+        self.reported_round = reported_round  # rounds up to here are already in Tune's records
+        self.checkpointed_round = reported_round
+        self.last_round = last_round
+        self.held_back: dict[str, Any] | None = None
+
+    def on_run_start(self, run: RunContext) -> None:
+        for row in run.history:  # rows a resumed run kept from before its checkpoint
+            self.report(row, run.run_dir)
+
+    def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
+        self.report(row, run.run_dir)
+
+    def report_held_back(self, run_dir: Path) -> None:
+        if self.held_back is not None:
+            self.report(self.held_back, run_dir, hold_last=False)
+
+    def report(self, row: dict[str, Any], run_dir: Path, hold_last: bool = True) -> None:
+        if row["round"] <= self.reported_round or row.get(self.metric) is None:
+            return  # Tune needs the sweep's metric in every result (rounds without evaluation are skipped)
+        if hold_last and row["round"] == self.last_round:
+            self.held_back = row
+            return
+        metrics = engine_metrics({key: value for key, value in row.items() if value is not None})
+        checkpoints = [round for round, _ in list_checkpoints(run_dir) if round <= row["round"]]
+        if checkpoints and checkpoints[-1] > self.checkpointed_round:
+            with tempfile.TemporaryDirectory() as directory:
+                Path(directory, CHECKPOINT_FILE).write_text(json.dumps({"round": checkpoints[-1]}))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+            self.checkpointed_round = checkpoints[-1]
+        else:
+            tune.report(metrics)
+        self.reported_round = row["round"]
+
+
+class PlacementRecord(Callback):
+    """Writes ``placement.json`` (the trial's placement group, its bundles and the group each worker
+    runs in) and fails the trial if a worker landed outside the trial's group."""
+
+    def on_run_start(self, run: RunContext) -> None:
+        group = get_current_placement_group()
+        workers = ray.get(run.server.worker_handles.remote())
+        worker_groups = ray.get([worker.placement_group_id.remote() for worker in workers])
+        record = {
+            "trial_id": tune.get_context().get_trial_id(),
+            "placement_group_id": None if group is None else group.id.hex(),
+            "bundles": None if group is None else group.bundle_specs,
+            "server_bundle": SERVER_BUNDLE,
+            "first_worker_bundle": FIRST_WORKER_BUNDLE,
+            "worker_placement_group_ids": worker_groups,
+        }
+        (run.run_dir / PLACEMENT_FILE).write_text(json.dumps(record, indent=2))
+        outside = [i for i, group_id in enumerate(worker_groups) if group_id != record["placement_group_id"]]
+        if outside:
+            raise RuntimeError(f"workers {outside} run outside the trial's placement group {record['placement_group_id']}")
+
+
+def _tune_checkpoint_round() -> int:
+    """The engine round of the Tune checkpoint this trial was restored from (0: a fresh start)."""
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        return int(json.loads(Path(directory, CHECKPOINT_FILE).read_text())["round"])
+
+
+def _finished(run_dir: Path, config: RunConfig) -> bool:
+    summary = run_dir / SUMMARY_FILE
+    return summary.is_file() and json.loads(summary.read_text()).get("rounds") == config.train.rounds
+
+
+def run_trial(values: dict[str, Any], *, spec: SweepSpec, sweep_dir: str) -> None:
+    """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``."""
+    config = spec.trial_config({key: values[key] for key in spec.swept_keys})
+    run_dir = Path(sweep_dir) / trial_run_dir(tune.get_context().get_trial_id())
+    reporter = TuneReporter(spec.metric, _tune_checkpoint_round(), config.train.rounds)
+    if _finished(run_dir, config):
+        # The sweep stopped after this simulation ended but before Tune recorded it: report, don't re-run.
+        for row in read_metrics(run_dir, "round"):
+            reporter.report(row, run_dir)
+    else:
+        group = get_current_placement_group()
+        if group is None:
+            raise RuntimeError("run_trial must run as a Tune trial with a placement group (see trial_resources)")
+        callbacks = default_callbacks(config, progress=False)
+        for callback in callbacks:
+            if isinstance(callback, MetricsParquet):
+                callback.min_interval = 0.0  # Tune may end the trial at any report: keep metrics.parquet whole
+        run_experiment(
+            config,
+            run_dir=run_dir,
+            resume=True,  # continues from the run directory's latest checkpoint; from round 1 if it has none
+            placement=(group, FIRST_WORKER_BUNDLE),
+            callbacks=callbacks + [PlacementRecord(), reporter],
+        )
+    reporter.report_held_back(run_dir)

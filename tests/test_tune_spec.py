@@ -1,0 +1,325 @@
+"""Sweep files, trial resources, the sweep-directory writer and the summary tables — without Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from fedray.algorithms import ALGORITHMS
+from fedray.cli.main import main
+from fedray.config import ConfigError
+from fedray.tune import load_sweep, parse_sweep
+from fedray.tune.results import SweepResults, write_meta
+from fedray.tune.summary import comparison_markdown, top_trials_table
+from fedray.tune.trainable import trial_resources
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_BASE = {"data": {"num_clients": 6}, "train": {"rounds": 4, "clients_per_round": 3}}
+
+
+def spec_from(tmp_path: Path, **fields):
+    raw = {"base": TINY_BASE, "space": {"data.alpha": {"grid": [0.1, 0.5]}}, "output": {"dir": str(tmp_path)}, **fields}
+    return parse_sweep(raw, tmp_path / "test.yaml", tmp_path)
+
+
+# ---------------------------------------------------------------------- the sweep file
+def test_space_maps_to_tune_domains_and_counts_trials(tmp_path):
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    spec = spec_from(
+        tmp_path,
+        space={
+            "data.alpha": {"grid": [0.1, 0.5, 1.0]},
+            "train.lr": {"loguniform": [0.001, 0.1]},
+            "train.momentum": {"uniform": [0.0, 0.9]},
+            "train.local_epochs": {"randint": [1, 4]},
+            "train.optimizer": {"choice": ["sgd", "adam"]},
+        },
+        num_samples=2,
+    )
+    space = spec.param_space()
+    assert space["data.alpha"] == {"grid_search": [0.1, 0.5, 1.0]}
+    assert isinstance(space["train.lr"], Float) and (space["train.lr"].lower, space["train.lr"].upper) == (0.001, 0.1)
+    assert isinstance(space["train.local_epochs"], Integer) and space["train.local_epochs"].upper == 4
+    assert isinstance(space["train.optimizer"], Categorical) and space["train.optimizer"].categories == ["sgd", "adam"]
+    assert spec.num_trials == 6  # 3 grid points x 2 samples
+    assert spec.swept_keys == ["data.alpha", "train.lr", "train.momentum", "train.local_epochs", "train.optimizer"]
+    assert spec.name == "test" and spec.mode == "max"
+    # 3 alphas x 2 lr ends x 2 momentum ends x 2 epoch ends (1 and 3: randint's high is exclusive) x 2 optimizers
+    shapes = list(spec.trial_shapes())
+    assert len(shapes) == 48 and {s["train.local_epochs"] for s in shapes} == {1, 3}
+
+
+def test_trial_config_layers_base_overrides_per_algorithm_and_values(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "base.yaml").write_text(yaml.safe_dump({"train": {"rounds": 7, "lr": 0.3}, "data": {"alpha": 0.9}}))
+    sweep = tmp_path / "sweeps" / "s.yaml"
+    sweep.parent.mkdir()
+    sweep.write_text(yaml.safe_dump({
+        "base": "../configs/base.yaml",
+        "overrides": ["train.lr=0.2", "train.batch_size=8"],
+        "per_algorithm": {"fedprox": ["algorithm.mu=0.5", "train.batch_size=4"]},
+        "space": {"algorithm.name": {"grid": ["fedavg", "fedprox"]}, "train.lr": {"grid": [0.01]}},
+    }))
+    spec = load_sweep(sweep, ["train.rounds=3"])
+    fedavg = spec.trial_config({"algorithm.name": "fedavg", "train.lr": 0.01})
+    fedprox = spec.trial_config({"algorithm.name": "fedprox", "train.lr": 0.01})
+    assert (fedavg.train.rounds, fedavg.data.alpha, fedavg.train.batch_size, fedavg.train.lr) == (3, 0.9, 8, 0.01)
+    assert (fedprox.algorithm.name, fedprox.algorithm.model_extra["mu"], fedprox.train.batch_size) == ("fedprox", 0.5, 4)
+    assert fedprox.train.lr == 0.01  # the sampled value wins over every override
+    assert "mu" not in (fedavg.algorithm.model_extra or {})
+
+
+def test_relative_paths_are_pinned_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = parse_sweep({"base": {"data": {"root": "mydata"}}, "space": {"seed": {"grid": [0, 1]}}, "output": {"dir": "out"}}, "x.yaml", tmp_path)
+    assert spec.base["data"]["root"] == str(tmp_path / "mydata")
+    assert spec.output.dir == str(tmp_path / "out")
+
+
+def test_resolved_sweep_yaml_reloads_to_the_same_spec(tmp_path):
+    spec = spec_from(tmp_path, scheduler={"type": "asha", "grace_period": 1}, space={"train.lr": {"loguniform": [0.01, 0.1]}})
+    again = parse_sweep(yaml.safe_load(spec.to_yaml()), "sweep.yaml", tmp_path)
+    assert again == spec
+
+
+INVALID = [
+    ({"space": {"data.alfa": {"grid": [0.1]}}}, ["data.alfa=0.1", "data.alfa: unknown key", "alpha"]),
+    ({"space": {"algorithm.mu": {"normal": [0, 1]}}}, ["space.algorithm.mu", "grid, choice, uniform, loguniform, randint"]),
+    ({"space": {"train.lr": {"uniform": [0.1, 0.01]}}}, ["space.train.lr", "low must be < high"]),
+    ({"space": {"train.lr": {"loguniform": [0, 1]}}}, ["loguniform: low must be > 0"]),
+    ({"space": {"train.local_epochs": {"randint": [1, 2.5]}}}, ["randint: low and high must be integers"]),
+    ({"space": {"data.alpha": {"uniform": [-1, 1]}}}, ["data.alpha=-1", "data.alpha: Input should be greater than 0"]),
+    ({"space": {"data.alpha": {"grid": [0.1, "a"]}}}, ["grid: values must all be numbers, all strings or all booleans"]),
+    ({"space": {}}, ["space", "at least one key"]),
+    (
+        {"base": {"algorithm": {"name": "fedprox", "mu": 0.1}}, "space": {"algorithm.name": {"grid": ["fedprox", "fedavg"]}}},
+        ["algorithm.name='fedavg'", "algorithm.mu: unknown key"],
+    ),
+    ({"per_algorithm": {"nosuch": ["train.lr=0.1"]}}, ["per_algorithm: unknown algorithm(s) nosuch", "fedavg"]),
+    ({"metric": "accuracy"}, ["metric", "allowed: test_accuracy, test_loss"]),
+    ({"metric": "personal_accuracy"}, ["metric: personal_accuracy needs eval.personalized=true"]),
+    ({"scheduler": {"type": "asha", "grace_period": 5}}, ["scheduler.grace_period: 5 must be <= train.rounds (4)"]),
+    ({"scheduler": "hyperband"}, ["scheduler.type", "'fifo' or 'asha'"]),
+    ({"search": {"type": "optuna"}}, ["search optuna", "use choice for data.alpha"]),
+    ({"num_sample": 3}, ["num_sample: unknown key", "num_samples"]),
+    ({"overrides": ["train.lr"]}, ["expected KEY=VALUE"]),
+    ({"base": "missing.yaml"}, ["config file not found", "missing.yaml"]),
+    ({"max_concurrent_trials": 0}, ["max_concurrent_trials", "greater than or equal to 1"]),
+]
+
+
+@pytest.mark.parametrize("fields, expected", INVALID, ids=[str(i) for i in range(len(INVALID))])
+def test_invalid_sweep_files_name_the_key_and_what_is_allowed(tmp_path, fields, expected):
+    with pytest.raises(ConfigError) as error:
+        spec_from(tmp_path, **fields)
+    for text in expected:
+        assert text in str(error.value), str(error.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("optuna") is not None, reason="optuna is installed")
+def test_optuna_search_without_optuna_says_how_to_install_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"optuna is not installed; pip install 'fedray\[optuna\]'"):
+        spec_from(tmp_path, search="optuna", space={"data.alpha": {"choice": [0.1, 0.5]}}, num_samples=4)
+
+
+def test_cli_rejects_an_invalid_sweep_with_exit_code_2_before_ray_starts(tmp_path, monkeypatch, capsys):
+    import ray
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for an invalid sweep file")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"algorithm.tau": {"grid": [0.1]}}}))
+    assert main(["tune", str(bad)]) == 2
+    assert "algorithm.tau: unknown key" in capsys.readouterr().err
+    assert main(["tune", "--resume", str(tmp_path / "nowhere")]) == 2
+    assert "not a resumable fedray sweep" in capsys.readouterr().err
+    assert not list(tmp_path.glob("sweeps*"))  # nothing was created
+
+
+# ---------------------------------------------------------------------- tune_configs/
+@pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_file_is_valid(path):
+    raw = yaml.safe_load(path.read_text())
+    base = raw.get("base")
+    base = yaml.safe_load((path.parent / base).read_text()) if isinstance(base, str) else base or {}
+    names = {(base.get("algorithm") or {}).get("name", "fedavg")}
+    space_names = (raw.get("space") or {}).get("algorithm.name")
+    if space_names:
+        names |= set(next(iter(space_names.values())))
+    missing = sorted(name for name in names if name not in ALGORITHMS)
+    if missing:
+        pytest.skip(f"algorithm(s) {', '.join(missing)} not registered yet")
+    spec = load_sweep(path)
+    assert 1 <= spec.num_trials <= 100
+    assert all(spec.trial_config(values).data.name == "digits" for values in spec.trial_shapes())
+
+
+def test_shipped_sweeps_cover_every_algorithm_of_the_design():
+    design = {"fedavg", "fedprox", "fedproto", "moon", "fedsc", "fedskc", "fedrcl", "fedcosr", "fedper", "local", "hetero_ssfl"}
+    registered = {name for name in design if name in ALGORITHMS}
+    covered = {load_sweep(p).base["algorithm"]["name"] for p in (REPO / "tune_configs").glob("*.yaml") if p.stem != "compare_algorithms"}
+    assert registered <= covered, f"no sweep in tune_configs/ for {sorted(registered - covered)}"
+    compared = load_sweep(REPO / "tune_configs" / "compare_algorithms.yaml").space["algorithm.name"].values
+    assert registered <= set(compared)
+
+
+# ---------------------------------------------------------------------- trial resources
+def test_trial_reserves_driver_and_server_in_bundle_0_and_one_bundle_per_worker(tmp_path):
+    spec = spec_from(
+        tmp_path,
+        base={**TINY_BASE, "resources": {"cpus_per_worker": 2, "gpus_per_worker": 0.25, "server_cpus": 0.5}},
+        space={"resources.num_workers": {"grid": [1, 3]}},
+        driver_cpus=0.5,
+    )
+    resources = trial_resources(spec)
+    three = resources({"resources.num_workers": 3})
+    assert three.head_bundle_is_empty  # the driver runs in bundle 0 uncharged, leaving bundle 0 to the server
+    assert three.bundles == [{"CPU": 1.0}] + [{"CPU": 2.0, "GPU": 0.25}] * 3
+    assert resources({"resources.num_workers": 1}).bundles == [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 0.25}]
+
+
+# ---------------------------------------------------------------------- the sweep-directory writer
+def fake_trial(trial_id, status, config, error=None):
+    return SimpleNamespace(trial_id=trial_id, status=status, config=config, get_error=lambda: error)
+
+
+def tune_result(round, accuracy, seconds=1.0, **extra):
+    """A result as Tune hands it to callbacks: the engine's row plus Tune's bookkeeping."""
+    return {"round": round, "test_accuracy": accuracy, "test_loss": 1.0 - accuracy, "clients": 3, "seconds": seconds,
+            "training_iteration": round, "time_total_s": 10.0 * round, "time_this_iter_s": 1.5, "timestamp": 17e8,
+            "pid": 123, "done": False, "trial_id": "ignored", "date": "2026-01-01", "config": {"data.alpha": 0.1}, **extra}
+
+
+def test_writer_tracks_status_best_round_and_engine_metrics(tmp_path):
+    spec = spec_from(tmp_path, space={"data.alpha": {"grid": [0.1, 0.5]}, "train.rounds": {"grid": [2, 4]}})
+    writer = SweepResults(tmp_path, spec)
+    writer.setup()
+    a = fake_trial("a", "RUNNING", {"data.alpha": 0.1, "train.rounds": 4})
+    b = fake_trial("b", "PENDING", {"data.alpha": 0.5, "train.rounds": 4})
+    c = fake_trial("c", "PENDING", {"data.alpha": 0.5, "train.rounds": 2})
+    trials = [a, b, c]
+    writer.on_step_end(0, trials)
+    assert pq.read_table(tmp_path / "trials.parquet").column("status").to_pylist() == ["RUNNING", "PENDING", "PENDING"]
+    for round, accuracy in [(1, 0.3), (2, 0.6), (3, 0.5)]:
+        writer.on_trial_result(0, trials, a, tune_result(round, accuracy))
+    writer.on_trial_result(0, trials, a, tune_result(2, 0.6, seconds=9.0))  # a restored trial re-reports round 2
+    b.status = c.status = "RUNNING"
+    writer.on_trial_result(0, trials, b, tune_result(1, 0.1))
+    writer.on_trial_result(0, trials, c, tune_result(1, 0.2))
+    writer.on_trial_result(0, trials, c, tune_result(2, 0.25))
+    writer.on_trial_complete(0, trials, a)  # ASHA stopped it (Tune calls this while it is still RUNNING)
+    writer.on_trial_complete(0, trials, c)
+    b.status = "ERROR"
+    b.get_error = lambda: "Traceback (most recent call last):\n  File x\nRuntimeError: worker pool died\n"
+    writer.on_trial_error(0, trials, b)
+    d = fake_trial("d", "RUNNING", {"data.alpha": 0.1, "train.rounds": 4})
+    trials.append(d)
+    writer.on_trial_result(0, trials, d, tune_result(1, 0.5))
+    a.status = c.status = d.status = "TERMINATED"  # d: the sweep was interrupted (no on_trial_complete)
+    writer.on_experiment_end(trials)
+
+    rows = {r["trial_id"]: r for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()}
+    assert list(pq.read_table(tmp_path / "trials.parquet").schema.names) == [
+        "trial_id", "status", "data.alpha", "train.rounds", "round", "latest_metric", "best_metric", "best_round",
+        "wall_time_s", "run_dir", "error"]
+    assert rows["a"] | {} == {"trial_id": "a", "status": "STOPPED_EARLY", "data.alpha": 0.1, "train.rounds": 4, "round": 2,
+                              "latest_metric": 0.6, "best_metric": 0.6, "best_round": 2, "wall_time_s": 20.0,
+                              "run_dir": "trials/a", "error": None}
+    assert (rows["b"]["status"], rows["b"]["error"]) == ("ERROR", "RuntimeError: worker pool died")
+    assert (rows["c"]["status"], rows["c"]["round"], rows["c"]["best_metric"]) == ("TERMINATED", 2, 0.25)
+    assert (rows["d"]["status"], rows["d"]["round"]) == ("PENDING", 1)  # it continues when the sweep resumes
+
+    rounds = pq.read_table(tmp_path / "rounds.parquet").to_pylist()
+    assert [(r["trial_id"], r["round"]) for r in rounds] == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("c", 2), ("d", 1)]
+    assert set(rounds[0]) == {"trial_id", "round", "test_accuracy", "test_loss", "clients", "seconds"}
+    assert rounds[1]["seconds"] == 9.0  # the re-reported round replaced the first report
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_writer_keeps_earlier_rows_when_a_sweep_resumes(tmp_path):
+    spec = spec_from(tmp_path)
+    first = SweepResults(tmp_path, spec)
+    first.setup()
+    done = fake_trial("done", "RUNNING", {"data.alpha": 0.1})
+    first.on_trial_result(0, [done], done, tune_result(4, 0.8))
+    first.on_trial_complete(0, [done], done)
+    done.status = "TERMINATED"
+
+    resumed = SweepResults(tmp_path, spec)
+    resumed.setup()
+    done_again = fake_trial("done", "TERMINATED", {"data.alpha": 0.1})
+    late = fake_trial("late", "RUNNING", {"data.alpha": 0.5})
+    resumed.on_trial_result(0, [done_again, late], late, tune_result(1, 0.4))
+    rows = {r["trial_id"]: r for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()}
+    assert (rows["done"]["status"], rows["done"]["round"], rows["done"]["best_metric"]) == ("TERMINATED", 4, 0.8)
+    rounds = pq.read_table(tmp_path / "rounds.parquet").to_pylist()
+    assert [(r["trial_id"], r["round"]) for r in rounds] == [("done", 4), ("late", 1)]
+
+
+# ---------------------------------------------------------------------- summary tables
+def write_sweep(tmp_path, spec, trials: list[dict], rounds: list[dict]) -> Path:
+    write_meta(tmp_path, spec, "2026-01-01T00:00:00+00:00", None, "finished")
+    pd.DataFrame(trials).to_parquet(tmp_path / "trials.parquet")
+    pd.DataFrame(rounds).to_parquet(tmp_path / "rounds.parquet")
+    return tmp_path
+
+
+def test_comparison_table_is_mean_and_std_over_seeds_per_algorithm_and_alpha(tmp_path):
+    spec = spec_from(tmp_path, space={"algorithm.name": {"grid": ["fedavg", "fedprox"]}, "data.alpha": {"grid": [0.1, 0.5]}, "seed": {"grid": [0, 1]}})
+    final = {("fedavg", 0.1): [0.5, 0.7], ("fedavg", 0.5): [0.8, 0.8], ("fedprox", 0.1): [0.6, 0.6], ("fedprox", 0.5): [0.9, 0.7]}
+    trials, rounds = [], []
+    for (algorithm, alpha), values in final.items():
+        for seed, value in enumerate(values):
+            trial_id = f"{algorithm}-{alpha}-{seed}"
+            trials.append({"trial_id": trial_id, "status": "TERMINATED", "algorithm.name": algorithm, "data.alpha": alpha, "seed": seed,
+                           "best_metric": value, "best_round": 2, "round": 2})
+            rounds += [{"trial_id": trial_id, "round": 1, "test_accuracy": 0.1}, {"trial_id": trial_id, "round": 2, "test_accuracy": value}]
+    trials.append({"trial_id": "x", "status": "ERROR", "algorithm.name": "fedavg", "data.alpha": 0.1, "seed": 2,
+                   "best_metric": None, "best_round": None, "round": 0})
+    text = comparison_markdown(write_sweep(tmp_path, spec, trials, rounds))
+    assert "| algorithm | 0.1 | 0.5 |" in text
+    assert "| fedavg | 60.00% ± 10.00% (n=2) | 80.00% ± 0.00% (n=2) |" in text
+    assert "| fedprox | 60.00% ± 0.00% (n=2) | 80.00% ± 10.00% (n=2) |" in text
+
+
+def test_top_trials_table_ranks_by_the_sweep_mode(tmp_path):
+    spec = spec_from(tmp_path, metric="test_loss")
+    trials = [{"trial_id": t, "status": "TERMINATED", "data.alpha": a, "best_metric": m, "best_round": 3, "round": 4}
+              for t, a, m in [("t1", 0.1, 0.9), ("t2", 0.5, 0.2), ("t3", 1.0, None)]]
+    text = top_trials_table(write_sweep(tmp_path, spec, trials, []), 5)
+    assert json.loads((tmp_path / "meta.json").read_text())["mode"] == "min"
+    lines = text.splitlines()
+    assert "t2" in lines[1] and "0.2000" in lines[1] and "t1" in lines[2] and "t3" not in text
+
+
+# ---------------------------------------------------------------------- Tune configuration
+def test_tune_configuration_follows_the_sweep_file(tmp_path):
+    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from fedray.tune.sweep import make_run_config, make_tune_config
+
+    spec = spec_from(tmp_path, space={"train.rounds": {"grid": [3, 6]}}, scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 3},
+                     max_concurrent_trials=2, max_failures=4, num_samples=2)
+    tune_config = make_tune_config(spec)
+    assert (tune_config.metric, tune_config.mode, tune_config.num_samples) == ("test_accuracy", "max", 2)
+    scheduler = tune_config.scheduler
+    assert isinstance(scheduler, AsyncHyperBandScheduler)
+    assert (scheduler._time_attr, scheduler._max_t, scheduler._reduction_factor) == ("round", 6, 3)
+    # the concurrency limit sits on the variant generator (Tune ignores TuneConfig's for it)
+    assert isinstance(tune_config.search_alg, BasicVariantGenerator) and tune_config.search_alg.max_concurrent == 2
+    assert tune_config.max_concurrent_trials is None
+    assert isinstance(make_tune_config(spec_from(tmp_path)).scheduler, FIFOScheduler)
+    run_config = make_run_config(spec, tmp_path / "s-1")
+    assert (run_config.name, run_config.storage_path) == ("s-1", str(tmp_path / "s-1" / "tune"))
+    assert run_config.failure_config.max_failures == 4
