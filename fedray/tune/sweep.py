@@ -53,11 +53,13 @@ def connect_ray(address: str | None, spec: SweepSpec) -> tuple[bool, str | None]
     this call started the connection and the Ray dashboard's URL (None when Ray was already up)."""
     if ray.is_initialized():
         return False, None
+    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
     if address:
         context = ray.init(address=address)
     else:
         largest_trial = max(trial_cpus(spec.trial_config(values), spec) for values in spec.trial_shapes())
-        context = ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)))
+        # address="local": never join another Ray that happens to run on this machine
+        context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)))
     url = context.dashboard_url or None
     return True, (url if url is None or "://" in url else f"http://{url}")
 
