@@ -89,3 +89,11 @@ def test_cli_exits_2_with_the_key_in_the_message(capsys):
 def test_unknown_algorithm_lists_the_registered_ones():
     message = error_of(["algorithm.name=fedfoo"])
     assert "fedavg" in message and "fedprox" in message
+
+
+def test_algorithm_checks_that_need_the_data_fail_before_ray():
+    from fedray.runtime import prepare_data
+
+    config = load_config(None, ["algorithm.name=fedrcl", "algorithm.levels=[conv9]"])
+    with pytest.raises(ConfigError, match=r"algorithm\.levels.*conv9.*allowed"):
+        prepare_data(config)

@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, load_config, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.server import Server
+from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
     MetricsParquet,
@@ -32,6 +34,7 @@ from fedray.tracking import (
     RunContext,
     TensorBoardLogger,
 )
+from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
@@ -62,7 +65,7 @@ class Checkpointer(Callback):
 
 
 def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
-    callbacks: list[Callback] = [MetricsParquet(), Checkpointer()]
+    callbacks: list[Callback] = [MetricsParquet(), Checkpointer(), WorkerPlacement()]
     if config.output.tensorboard:
         callbacks.append(TensorBoardLogger())
     if config.output.plots:
@@ -74,34 +77,50 @@ def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
 
 def new_run_dir(config: RunConfig) -> Path:
     name = config.output.name or f"{config.algorithm.name}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(config.output.dir) / name
+    root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
+    run_dir = root / name
     suffix = 1
     while run_dir.exists() and config.output.name is None:
-        run_dir = Path(config.output.dir) / f"{name}-{suffix}"
+        run_dir = root / f"{name}-{suffix}"
         suffix += 1
     return run_dir
 
 
 def prepare_data(config: RunConfig) -> FederatedDataset:
-    """Load and partition the data, turning impossible client counts into config errors."""
+    """Load and partition the data and build the algorithm once, so that impossible client counts
+    and the algorithm's own checks (which need the dataset, e.g. its model's taps) fail as config
+    errors before Ray starts."""
     data = build_federated_dataset(config.data, config.seed)
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
         raise ConfigError(f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition")
+    try:
+        build_algorithm(config, data)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"invalid config:\n  {error}") from None
     return data
 
 
 def ensure_ray(address: str | None, config: RunConfig) -> float:
-    """Connect to ``address`` or start a local Ray sized for the run; returns the seconds it took."""
+    """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job) or start a local Ray sized
+    for the run; returns the seconds it took.
+
+    A local Ray starts without Ray's dashboard and job server; Ray >= 2.59 protects a local Ray's
+    ports with token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md).
+    """
     if ray.is_initialized():
         return 0.0
     started = time.perf_counter()
+    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
         resources = config.resources
         needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
         ray.init(
+            address="local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
             num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed))),
             include_dashboard=False,
             dashboard_host="127.0.0.1",
@@ -112,13 +131,21 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
 
 def reserve_resources(config: RunConfig) -> tuple[PlacementGroup, int]:
     """A placement group with the server's bundle (if it reserves CPUs) and one bundle per worker;
-    returns it and the index of the first worker bundle (DESIGN.md principle 8)."""
+    returns it and the index of the first worker bundle (DESIGN.md principle 8).
+
+    The worker bundles follow ``resources.placement_strategy``; the server's bundle is pinned to the
+    driver's node (see :func:`server_scheduling`)."""
     resources = config.resources
     worker_bundle = {"CPU": resources.cpus_per_worker}
     if resources.gpus_per_worker > 0:
         worker_bundle["GPU"] = resources.gpus_per_worker
     server_bundles = [{"CPU": resources.server_cpus}] if resources.server_cpus > 0 else []
-    group = placement_group(server_bundles + [dict(worker_bundle) for _ in range(resources.num_workers)], strategy="PACK")
+    on_driver_node = {NODE_ID_LABEL_KEY: ray.get_runtime_context().get_node_id()}
+    group = placement_group(
+        server_bundles + [dict(worker_bundle) for _ in range(resources.num_workers)],
+        strategy=resources.placement_strategy,
+        bundle_label_selector=[on_driver_node for _ in server_bundles] + [{} for _ in range(resources.num_workers)],
+    )
     try:
         ray.get(group.ready(), timeout=120)
     except ray.exceptions.GetTimeoutError:
@@ -128,6 +155,20 @@ def reserve_resources(config: RunConfig) -> tuple[PlacementGroup, int]:
             f"the cluster has {ray.cluster_resources()}. Lower resources.num_workers / cpus_per_worker / gpus_per_worker."
         ) from None
     return group, len(server_bundles)
+
+
+def server_scheduling(group: PlacementGroup, first_worker_bundle: int) -> Any:
+    """Where the server actor runs: in the group's bundle 0 when the group has a server bundle
+    (``first_worker_bundle > 0``: :func:`reserve_resources` pins it to the driver's node, a Tune
+    trial's driver runs in it), else (it reserves no resources) on the driver's node.
+
+    So the server shares the driver's node: a lost worker node costs only the workers on it, which the
+    server replaces (``resources.max_worker_restarts``) in their bundles, which Ray reschedules onto
+    the surviving nodes where they fit.
+    """
+    if first_worker_bundle > 0:
+        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def run_experiment(
@@ -149,6 +190,7 @@ def run_experiment(
     crash for tests: ``{"worker": i, "round": r}`` kills worker ``i`` after its first client of round ``r``.
     """
     started = time.perf_counter()
+    storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     checkpoint = load_latest_checkpoint(run_dir) if resume else None
@@ -158,7 +200,7 @@ def run_experiment(
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
     server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
-    server_options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+    server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
     data_ref = ray.put(data)
     server = ray.remote(Server).options(**server_options).remote(
         config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
@@ -171,6 +213,8 @@ def run_experiment(
 
     run = RunContext(config=config, run_dir=run_dir, data=data, server=server, start_round=start_round)
     callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
+    if storage_sync is not None:
+        callbacks.append(storage_sync)
     try:
         for callback in callbacks:
             callback.on_run_start(run)
@@ -190,6 +234,8 @@ def run_experiment(
 
     summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
+    if storage_sync is not None:
+        storage_sync.sync(run_dir)
     return summary
 
 
