@@ -134,10 +134,9 @@ class LocalCluster:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self.temp_dir = self.directory / "ray"
-        if len(str(self.temp_dir)) > MAX_TEMP_DIR_LENGTH:
+        if len(str(self._temp_dir(0))) > MAX_TEMP_DIR_LENGTH:
             raise ValueError(
-                f"{self.temp_dir} is too long for Ray's temp dir: its Unix sockets, "
+                f"{self._temp_dir(0)} is too long for Ray's temp dir: its Unix sockets, "
                 f"<temp dir>/session_<time>_<pid>/sockets/plasma_store, must stay below 108 bytes"
             )
         self.token_file = self.directory / "auth_token"
@@ -157,9 +156,15 @@ class LocalCluster:
         """Environment variables a client (``fedray submit``, ``ray``) needs to talk to this cluster."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_file), "RAY_API_SERVER_ADDRESS": self.dashboard_url}
 
+    def _temp_dir(self, node_index: int) -> Path:
+        """One temp dir per node, as on separate machines: nodes sharing one would also share the
+        runtime-env cache, and one node's clean-up would delete a job's working directory under the
+        other node's driver."""
+        return self.directory / f"ray{node_index}"
+
     def _start(self, role_args: list[str], port_flags: tuple[str, ...], num_cpus: int, resources: dict[str, float]) -> LocalNode:
         command = ["ray", "start", "--block", "--disable-usage-stats", *role_args]
-        command += ["--node-ip-address", "127.0.0.1", "--temp-dir", str(self.temp_dir), "--num-cpus", str(num_cpus)]
+        command += ["--node-ip-address", "127.0.0.1", "--temp-dir", str(self._temp_dir(len(self.nodes))), "--num-cpus", str(num_cpus)]
         for flag in port_flags:
             command += [flag, str(free_port())]
         if resources:
