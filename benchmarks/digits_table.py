@@ -13,7 +13,9 @@ Usage (one Ray instance serves every run)::
         --set data.client_test_fraction=0.25 --set eval.personalized=true --out docs/results_fedcosr.md
 
 Writes a Markdown table (mean ± std over seeds of the final and best value of ``--metric``), the raw
-per-run rows as ``<out>.csv`` and the learning curves as ``<out>.png``.
+per-run rows as ``<out>.csv`` and the learning curves as ``<out>.png``. ``--also METRIC ...`` adds, for
+each named metric, its mean over seeds at the final round and at the round where ``--metric`` was
+best (e.g. ``--also personal_accuracy_std``, the fairness of a personalised run).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ PROTOCOL = [
 ]
 
 
-def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[str], out_dir: Path) -> dict:
+def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[str], out_dir: Path, also: list[str] = ()) -> dict:
     base = REPO / "examples" / f"{algorithm}_digits.yaml"
     overrides = PROTOCOL + [f"data.alpha={alpha}", f"seed={seed}", f"output.dir={out_dir}", f"output.name={algorithm}-a{alpha}-s{seed}"] + extra
     config = load_config(base if base.is_file() else None, overrides if base.is_file() else overrides + [f"algorithm.name={algorithm}"])
@@ -55,6 +57,8 @@ def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[st
     summary = run_experiment(config, progress=False)
     rows = [r for r in read_metrics(summary.run_dir) if r.get(metric) is not None]
     curve = [(r["round"], r[metric]) for r in rows]
+    best_row = max(rows, key=lambda r: r[metric])
+    also_values = {f"{name}_final": rows[-1].get(name) for name in also} | {f"{name}_at_best": best_row.get(name) for name in also}
     return {
         "algorithm": algorithm,
         "alpha": alpha,
@@ -63,13 +67,15 @@ def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[st
         "best": max(v for _, v in curve),
         "seconds": time.perf_counter() - started,
         "curve": curve,
+        **also_values,
     }
 
 
-def write_outputs(results: list[dict], metric: str, out: Path) -> None:
+def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] = ()) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
+    also_keys = [f"{name}_{when}" for name in also for when in ("final", "at_best")]
     with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["algorithm", "alpha", "seed", "final", "best", "seconds"])
+        writer = csv.DictWriter(handle, fieldnames=["algorithm", "alpha", "seed", "final", "best", "seconds", *also_keys])
         writer.writeheader()
         writer.writerows({k: r[k] for k in writer.fieldnames} for r in results)
 
@@ -79,9 +85,11 @@ def write_outputs(results: list[dict], metric: str, out: Path) -> None:
         f"Metric: `{metric}` (%), mean ± std over seeds {sorted({r['seed'] for r in results})}; "
         "protocol in `benchmarks/digits_table.py`.",
         "",
-        "| algorithm | " + " | ".join(f"α={a} final | α={a} best" for a in alphas) + " |",
-        "|---|" + "---|---|" * len(alphas),
+        "| algorithm | " + " | ".join(f"α={a} final | α={a} best" + "".join(f" | α={a} {k.replace('_at_best', ' at best').replace('_final', ' final')}" for k in also_keys) for a in alphas) + " |",
+        "|---|" + "---|" * ((2 + len(also_keys)) * len(alphas)),
     ]
+    if also:
+        lines[0] += f" `{'`, `'.join(also)}` (%): mean over seeds at the final round and at the round where `{metric}` was best."
     for algorithm in algorithms:
         cells = []
         for alpha in alphas:
@@ -89,6 +97,8 @@ def write_outputs(results: list[dict], metric: str, out: Path) -> None:
             for key in ("final", "best"):
                 values = 100 * np.array([r[key] for r in runs])
                 cells.append(f"{values.mean():.2f} ± {values.std():.2f}")
+            for key in also_keys:
+                cells.append(f"{100 * np.mean([r[key] for r in runs]):.2f}")
         lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
     out.write_text("\n".join(lines) + "\n")
 
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alphas", nargs="+", type=float, default=[0.1, 0.5])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--metric", default="test_accuracy")
+    parser.add_argument("--also", nargs="+", default=[], metavar="METRIC", help="also report these metrics at the final and the best round")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
     parser.add_argument("--out", type=Path, required=True, help="Markdown table to write (also .csv, .png)")
     args = parser.parse_args(argv)
@@ -128,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         for algorithm in args.algorithms:
             for alpha in args.alphas:
                 for seed in args.seeds:
-                    result = run_one(algorithm, alpha, seed, args.metric, args.extra, Path(scratch))
+                    result = run_one(algorithm, alpha, seed, args.metric, args.extra, Path(scratch), args.also)
                     print(f"{algorithm:10s} α={alpha:<4} seed={seed}  final={result['final']:.4f}  best={result['best']:.4f}  ({result['seconds']:.0f} s)", file=sys.stderr)
                     results.append(result)
-    write_outputs(results, args.metric, args.out)
+    write_outputs(results, args.metric, args.out, args.also)
     print(args.out.read_text())
     return 0
 

@@ -153,6 +153,9 @@ class Server:
     def evaluate(self, round: int) -> dict[str, float]:
         """Global test metrics of the model after ``round`` (and personalised ones if configured)."""
         broadcast = self._broadcast(round + 1)  # the next round's broadcast holds the new global model
+        clients = self.algorithm.evaluation_clients(self.num_clients)
+        if clients is not None:
+            return self._evaluate_clients_on_test_set(round, clients, broadcast)
         num_workers = len(self.workers)
         shards = self._on_all_workers(
             lambda worker, shard: worker.evaluate_global.remote(broadcast, shard[0], num_workers),
@@ -163,6 +166,18 @@ class Server:
         if self.config.eval.personalized:
             metrics.update(self._evaluate_personalized(round, broadcast))
         return metrics
+
+    def _evaluate_clients_on_test_set(self, round: int, clients: list[int], broadcast: ray.ObjectRef) -> dict[str, float]:
+        """The mean of each metric over the named clients that report it (algorithms without a
+        global model evaluate every client's own model on the global test set)."""
+        assignment = assign_clients(np.asarray(clients), np.ones(len(clients)), len(self.workers))
+        parts = self._on_all_workers(
+            lambda worker, ids: worker.evaluate_clients_on_test_set.remote(round, self._tasks(ids), broadcast), assignment
+        )
+        by_client = {cid: metrics for part in parts if part for cid, metrics in part.items()}
+        per_client = [by_client[cid] for cid in sorted(by_client)]
+        names = dict.fromkeys(name for metrics in per_client for name in metrics)
+        return {name: float(np.mean([m[name] for m in per_client if name in m])) for name in names}
 
     def _evaluate_personalized(self, round: int, broadcast: ray.ObjectRef) -> dict[str, float]:
         """The personalised-FL accuracy (total correct / total) and fairness (std of per-client
@@ -177,7 +192,12 @@ class Server:
         accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
         correct = sum(s["correct"] for s in per_client.values())
         count = sum(s["count"] for s in per_client.values())
-        return {"personal_accuracy": correct / count, "personal_accuracy_std": float(accuracies.std())}
+        return {
+            "personal_accuracy": correct / count,
+            "personal_accuracy_std": float(accuracies.std()),
+            "personal_accuracy_worst": float(accuracies.min()),
+            "personal_accuracy_client_mean": float(accuracies.mean()),
+        }
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
