@@ -21,6 +21,9 @@ by its ``name``. It answers four questions, Flower-Strategy style:
    and returns the new server state plus scalar diagnostics.
 4. **How is it evaluated?** :meth:`Algorithm.evaluate_global` (the global model on a shard of the test
    set) and :meth:`Algorithm.evaluate_client` (a client's personalised model on its held-out split).
+   An algorithm without a global model (Hetero-SSFL) names the clients to evaluate instead
+   (:meth:`Algorithm.evaluation_clients`); the server then runs :meth:`Algorithm.evaluate_on_test_set`
+   for each of them and reports the mean of every metric over the clients that return it.
 
 Hyperparameters are a pydantic model ``Params`` whose fields are the ``algorithm.*`` config keys.
 Every random choice inside ``client_update`` must come from ``ctx.generator`` or torch's global RNG,
@@ -32,12 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from fedray.config import RunConfig, TrainConfig
-from fedray.data import DatasetInfo
+from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
 
 Tensor = torch.Tensor
@@ -69,6 +73,7 @@ class ClientContext:
     state: dict[str, Tensor] | None = None  # the client's stored state from its last participation
     x_test: Tensor | None = None  # the client's held-out split (personalised evaluation)
     y_test: Tensor | None = None
+    x_public: Tensor | None = None  # uint8 public images named by Algorithm.public_indices, on `device`
 
     @property
     def num_samples(self) -> int:
@@ -127,6 +132,11 @@ class Algorithm:
     def build_model(self, key: str) -> FedModel:
         return build_model(self.config.model, self.info)
 
+    def public_indices(self, data: FederatedDataset) -> np.ndarray | None:
+        """Training-set indices of the unlabelled public images every client sees as
+        ``ClientContext.x_public`` (Hetero-SSFL's alignment set). Default: none."""
+        return None
+
     # ----------------------------------------------------------------- server side
     def init_server_state(self, model: FedModel) -> ServerState:
         """The state before round 1, from the seeded initial model."""
@@ -168,6 +178,20 @@ class Algorithm:
         what FedAvg-style methods deploy on every client."""
         assert ctx.x_test is not None and ctx.y_test is not None
         return self.evaluate_global(ctx.model, broadcast, ctx.x_test, ctx.y_test)
+
+    def evaluation_clients(self, num_clients: int) -> list[int] | None:
+        """``None`` (default): the server evaluates the global model with :meth:`evaluate_global`.
+        A list: the server evaluates each named client with :meth:`evaluate_on_test_set` instead
+        (algorithms with no global model, or whose evaluation needs the training set)."""
+        return None
+
+    def evaluate_on_test_set(
+        self, ctx: ClientContext, broadcast: Broadcast, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]
+    ) -> dict[str, float]:
+        """Metrics of one client named by :meth:`evaluation_clients`, given the whole labelled
+        training and test sets ``(x uint8, y)`` on the device. The server reports the mean of each
+        metric over the clients that return it (so it should include ``test_accuracy``)."""
+        raise NotImplementedError(f"{type(self).__name__} names evaluation_clients but does not implement evaluate_on_test_set")
 
 
 # --------------------------------------------------------------------- shared pieces

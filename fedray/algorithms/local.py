@@ -29,10 +29,12 @@ def local_train(
     loss_fn: LossFn,
     parameters: Iterable[torch.nn.Parameter] | None = None,
     epochs: int | None = None,
+    after_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Run ``epochs`` (default ``train.local_epochs``) of mini-batch training of ``ctx.model`` on the
-    client's data, minimising ``loss_fn``. Returns the mean of each loss term over the steps, with the
-    total under ``"train_loss"``."""
+    client's data, minimising ``loss_fn``; ``after_step`` runs after every optimiser step (e.g. a BYOL
+    target's moving average). Returns the mean of each loss term over the steps, with the total
+    under ``"train_loss"``."""
     model = ctx.model
     model.train()
     parameters = list(model.parameters() if parameters is None else parameters)
@@ -46,6 +48,8 @@ def local_train(
         if ctx.train.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(parameters, ctx.train.grad_clip)
         optimizer.step()
+        if after_step is not None:
+            after_step()
         steps += 1
         for name, value in {"train_loss": loss, **terms}.items():
             totals[name] = totals.get(name, 0.0) + value.detach()

@@ -62,6 +62,13 @@ class DataConfig(Section):
     client_test_fraction: float = Field(
         0.0, ge=0, lt=1, description="per-client held-out share for personalised evaluation"
     )
+    public_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of the training set held out (seeded) before partitioning as an "
+        "unlabelled public set disjoint from every client (FederatedDataset.public)",
+    )
     augmentation: Literal["auto", "none", "crop_flip"] = "auto"
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
@@ -121,11 +128,23 @@ class ResourcesConfig(Section):
     max_worker_restarts: int = Field(
         3, ge=0, description="times a dead worker actor is replaced before the run fails"
     )
+    placement_strategy: Literal["PACK", "SPREAD"] = Field(
+        "PACK",
+        description="placement-group strategy of the worker bundles: PACK fills as few nodes as "
+        "possible, SPREAD places them on distinct nodes where it can (multi-node clusters)",
+    )
 
 
 class OutputConfig(Section):
     dir: str = "runs"
     name: str | None = Field(None, description="run directory name (default: algorithm-dataset-time)")
+    staging_dir: str | None = Field(
+        None,
+        description="local directory a run writes to when output.dir is a URI (s3://, gs://, "
+        "file://...) and copies to it after every checkpoint and at the end (default: "
+        "<system temp dir>/fedray-staging); multi-node runs of algorithms with per-client state "
+        "need it on storage every node mounts",
+    )
     tensorboard: bool = True
     plots: bool = True
 

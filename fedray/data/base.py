@@ -89,6 +89,7 @@ class FederatedDataset:
     info: DatasetInfo
     clients: ClientPartition  # indices into train
     client_test: ClientPartition | None = None  # indices into train, disjoint from `clients`
+    public: np.ndarray | None = None  # indices into train held out from every client (data.public_fraction)
 
     @property
     def num_clients(self) -> int:

@@ -68,6 +68,8 @@ class ClientWorker:
         self.y_train = _as_tensor(data.train.y, self.device)
         self.x_test = _as_tensor(data.test.x, self.device)
         self.y_test = _as_tensor(data.test.y, self.device)
+        public = self.algorithm.public_indices(data)
+        self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
         self.models: dict[str, FedModel] = {}
         self.state_store = ClientStateStore(Path(run_dir) / "client_state")
         self.fault = fault
@@ -101,6 +103,7 @@ class ClientWorker:
             state=self.state_store.load(client_id, state_version, self.device),
             x_test=x_test,
             y_test=y_test,
+            x_public=self.x_public,
         )
 
     def _maybe_fail(self, round: int, clients_done: int) -> None:
@@ -139,6 +142,18 @@ class ClientWorker:
             results[client_id] = self.algorithm.evaluate_client(ctx, broadcast)
         return results
 
+    def evaluate_clients_on_test_set(
+        self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]
+    ) -> dict[int, dict[str, float]]:
+        """Metrics of each client's own model on the global test set (algorithms without a global
+        model; see ``Algorithm.evaluation_clients``)."""
+        train, test = (self.x_train, self.y_train), (self.x_test, self.y_test)
+        results = {}
+        for client_id, state_version, _ in tasks:
+            ctx = self._context(round, client_id, state_version)
+            results[client_id] = self.algorithm.evaluate_on_test_set(ctx, broadcast, train, test)
+        return results
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -146,3 +161,11 @@ class ClientWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    def placement_group_id(self) -> str | None:
+        """Hex id of the placement group this worker runs in (None outside one); lets a caller
+        that passed ``placement=`` (a Tune trial) check that its workers landed in its group."""
+        import ray
+
+        group = ray.util.get_current_placement_group()
+        return None if group is None else group.id.hex()
