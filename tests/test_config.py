@@ -97,3 +97,8 @@ def test_algorithm_checks_that_need_the_data_fail_before_ray():
     config = load_config(None, ["algorithm.name=fedrcl", "algorithm.levels=[conv9]"])
     with pytest.raises(ConfigError, match=r"algorithm\.levels.*conv9.*allowed"):
         prepare_data(config)
+
+
+def test_override_words_are_not_yaml_booleans():
+    config = load_config(None, ["output.name=off", "output.tensorboard=false"])
+    assert config.output.name == "off" and config.output.tensorboard is False

@@ -36,7 +36,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides; values are parsed as YAML scalars (``0.1``, ``true``, ``[1,2]``)."""
+    """Apply ``section.key=value`` overrides; values are parsed as YAML (``0.1``, ``true``, ``[1,2]``),
+    except that only ``true``/``false`` are booleans (``off`` stays the word)."""
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
@@ -45,6 +46,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
+        if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+            value = text  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
         node = raw
         parts = key.strip().split(".")
         for part in parts[:-1]:
