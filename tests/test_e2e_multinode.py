@@ -24,6 +24,8 @@ from fedray.cluster.placement import WORKERS_FILE
 from fedray.runtime import list_checkpoints, load_checkpoint
 from fedray.tracking import read_metrics
 
+from e2e_helpers import final_weights, without_timing
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 ROUNDS = 5
@@ -69,14 +71,6 @@ def job_id(result: subprocess.CompletedProcess) -> str:
     match = re.search(r"submitted job (\S+):", result.stdout)
     assert match, result.stdout + result.stderr
     return match.group(1)
-
-
-def final_weights(run_dir) -> torch.Tensor:
-    return load_checkpoint(list_checkpoints(run_dir)[-1][1])["server_state"]["weights"]
-
-
-def without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
 
 
 @pytest.fixture(scope="module")

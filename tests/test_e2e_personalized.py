@@ -12,7 +12,9 @@ import torch
 from fedray.config import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, prepare_data, resume_experiment, run_experiment
 from fedray.runtime.worker import ClientWorker
-from fedray.tracking import Callback, read_metrics
+from fedray.tracking import read_metrics
+
+from e2e_helpers import CrashAfterRound, without_timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -37,10 +39,6 @@ def config_for(out, algorithm: str, partition: list[str]):
     return load_config(None, SMALL + partition + [f"algorithm.name={algorithm}", f"output.dir={out}"])
 
 
-def without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
-
-
 @pytest.fixture(scope="module")
 def fedcosr_run(ray_session, tmp_path_factory):
     """An uninterrupted FedCoSR run on the pathological (shards) split."""
@@ -58,15 +56,6 @@ def test_killed_worker_gives_identical_personalised_metrics(fedcosr_run, tmp_pat
     assert load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"] == 1
     assert without_timing(read_metrics(tmp_path / "run")) == without_timing(read_metrics(run_dir))
     assert without_timing(read_metrics(tmp_path / "run", "client")) == without_timing(read_metrics(run_dir, "client"))
-
-
-class CrashAfterRound(Callback):
-    def __init__(self, round: int) -> None:
-        self.round = round
-
-    def on_round_end(self, run, row, client_rows):
-        if row["round"] == self.round:
-            raise RuntimeError("simulated driver crash")
 
 
 def test_resume_gives_identical_personalised_metrics(fedcosr_run, tmp_path):

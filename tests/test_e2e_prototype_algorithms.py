@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from fedray.config import load_config
-from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
-from fedray.tracking import Callback, read_metrics
+from fedray.runtime import list_checkpoints, resume_experiment, run_experiment
+from fedray.tracking import read_metrics
+
+from e2e_helpers import CrashAfterRound, final_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -21,10 +23,6 @@ def tiny_config(out_dir, *overrides: str):
         "data.num_clients=6", "train.clients_per_round=3", "train.rounds=3", "train.local_epochs=2", "checkpoint.every=2",
         *overrides,
     ])
-
-
-def final_weights(run_dir) -> torch.Tensor:
-    return load_checkpoint(list_checkpoints(run_dir)[-1][1])["server_state"]["weights"]
 
 
 def later_client_rows(run_dir, term: str) -> list[float]:
@@ -53,15 +51,6 @@ def test_algorithm_trains_on_ray(ray_session, tmp_path, overrides, round_metric,
         values = later_client_rows(tmp_path / "run", term)
         assert values and all(math.isfinite(v) for v in values)
         assert any(v > 0 for v in values), (term, values)  # the term was active on the workers
-
-
-class CrashAfterRound(Callback):
-    def __init__(self, round: int) -> None:
-        self.round = round
-
-    def on_round_end(self, run, row, client_rows):
-        if row["round"] == self.round:
-            raise RuntimeError("simulated driver crash")
 
 
 def test_moon_resume_restores_the_previous_local_models(ray_session, tmp_path):

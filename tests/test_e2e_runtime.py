@@ -11,21 +11,10 @@ import torch
 
 from fedray.config import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
-from fedray.tracking import Callback, read_metrics
+
+from e2e_helpers import CrashAfterRound, final_weights, round_rows, without_timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
-
-
-def final_weights(run_dir) -> torch.Tensor:
-    return load_checkpoint(list_checkpoints(run_dir)[-1][1])["server_state"]["weights"]
-
-
-def round_rows(run_dir) -> list[dict]:
-    return read_metrics(run_dir, "round")
-
-
-def without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +61,6 @@ def test_killed_worker_gives_the_same_final_model(baseline, tmp_path):
     assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
     restarts = load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"]
     assert restarts == 1  # the worker really died and was replaced
-
-
-class CrashAfterRound(Callback):
-    def __init__(self, round: int) -> None:
-        self.round = round
-
-    def on_round_end(self, run, row, client_rows):
-        if row["round"] == self.round:
-            raise RuntimeError("simulated driver crash")
 
 
 def test_resume_after_a_crash_gives_the_same_final_model(baseline, tmp_path):
