@@ -6,8 +6,9 @@ CNN conv(1→16,3×3,pad 1)-ReLU-conv(16→32,3×3,pad 1)-ReLU-maxpool2-fc(512�
 (``cnn_small``), 1 local epoch, batch 16, SGD lr 0.05, global evaluation every round.
 
 Both sides do the same client training on the same partition and cohorts, in the same invocation:
-fedray with 2 worker actors (1 CPU each), the plain loop in this process with torch's default
-threads. Steady state = median seconds per round over rounds 3..20, measured at the driver.
+fedray with 2 worker actors (1 CPU each), the plain loop in this process with one torch thread
+(its fastest setting for this model; see run_plain). Steady state = median seconds per round over
+rounds 3..20, measured at the driver.
 
 Scaling: ``synthetic`` 1×8×8 data, 2 samples per client, 10 clients per round, 10 rounds, with
 100,000 registered clients vs 100 (the same per-round work), plus this driver's peak RSS.
@@ -97,7 +98,9 @@ def run_fedray(overrides: list[str], out_dir: str) -> dict:
 def run_plain(overrides: list[str]) -> dict:
     """The same client training as fedray's FedAvg, written as a plain PyTorch loop."""
     config = load_config(None, overrides)
-    torch.set_num_threads(torch.get_num_threads())
+    # One thread: on these tiny convolutions a second thread buys nothing, and an oversubscribed
+    # OpenMP pool (any other process busy) makes every op wait (measured here: 30x slower).
+    torch.set_num_threads(1)
     data = build_federated_dataset(config.data, config.seed)
     info, train = data.info, config.train
     x_train, y_train = torch.from_numpy(data.train.x.copy()), torch.from_numpy(data.train.y.copy())

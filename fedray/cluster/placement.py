@@ -31,13 +31,16 @@ class WorkerPlacement(Callback):
     def __init__(self) -> None:
         self.record: dict[str, Any] = {}
         self.nodes: dict[Any, str | None] = {}  # worker handle -> node id
+        self.worker_restarts = 0
 
     def on_run_start(self, run: RunContext) -> None:
         self.record = {"driver_node_id": ray.get_runtime_context().get_node_id(), "placements": []}
         self._record_changes(run, run.start_round)
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        self._record_changes(run, row["round"])
+        if row["worker_restarts"] != self.worker_restarts:  # ask the server only when a worker was replaced
+            self.worker_restarts = row["worker_restarts"]
+            self._record_changes(run, row["round"])
 
     def _record_changes(self, run: RunContext, round: int) -> None:
         workers = ray.get(run.server.worker_handles.remote())

@@ -140,6 +140,7 @@ class Server:
             "round": round,
             "clients": int(len(cohort)),
             "excluded_updates": len(results.excluded_clients),
+            "worker_restarts": self.worker_restarts,  # cumulative
             "train_loss": _mean([m.get("train_loss") for m in results.client_metrics.values()]),
             "lr": cfg.train.lr * cfg.train.lr_decay ** (round - 1),
             **algorithm_metrics,
