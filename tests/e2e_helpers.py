@@ -17,9 +17,10 @@ def round_rows(run_dir) -> list[dict]:
     return read_metrics(run_dir, "round")
 
 
-def without_timing(rows: list[dict]) -> list[dict]:
-    """Rows without their wall-clock column, for exact comparisons between runs."""
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+def comparable_rows(rows: list[dict]) -> list[dict]:
+    """Rows without wall-clock time and the count of replaced workers (the only intended
+    differences between a faulted or resumed run and a clean one), for exact comparisons."""
+    return [{k: v for k, v in row.items() if k not in ("seconds", "worker_restarts")} for row in rows]
 
 
 class CrashAfterRound(Callback):
