@@ -8,9 +8,9 @@ CNN conv(1→16,3×3,pad 1)-ReLU-conv(16→32,3×3,pad 1)-ReLU-maxpool2-fc(512�
 Both sides do the same client training on the same partition and cohorts, in the same invocation:
 fedray with 2 worker actors (1 CPU each), the plain loop in this process with one torch thread
 (its fastest setting for this model; see run_plain). Steady state = median seconds per round over
-rounds 3..20, measured at the driver.
+rounds 3..19 (warm-up and the final checkpoint round left out), measured at the driver.
 
-Scaling: ``synthetic`` 1×8×8 data, 2 samples per client, 10 clients per round, 10 rounds, with
+Scaling: ``synthetic`` 1×8×8 data, 2 samples per client, 10 clients per round, 30 rounds, with
 100,000 registered clients vs 100 (the same per-round work), plus this driver's peak RSS.
 
     python benchmarks/w1_overhead.py            # prints the table; --json FILE to save it
@@ -78,7 +78,9 @@ class RoundClock(Callback):
 
 
 def steady(seconds: list[float], skip: int = 2) -> float:
-    return float(np.median(seconds[skip:]))
+    """Median seconds per round without the warm-up rounds and the last round (which writes the
+    run's only checkpoint)."""
+    return float(np.median(seconds[skip:-1]))
 
 
 def run_fedray(overrides: list[str], out_dir: str) -> dict:
@@ -145,7 +147,7 @@ def scaling(registered: int, out_dir: str) -> dict:
         f"data.num_clients={registered}",
         "data.partition=iid",
         "train.clients_per_round=10",
-        "train.rounds=10",
+        "train.rounds=30",
         "train.local_epochs=1",
         "resources.num_workers=2",
         "checkpoint.every=1000",

@@ -7,6 +7,7 @@ float happens on the device, per batch (:meth:`DatasetInfo.normalize`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,9 +45,17 @@ class DatasetInfo:
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, C, H, W]`` → normalised float32, on the tensor's device."""
-        mean = torch.tensor(self.mean, device=x_uint8.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=x_uint8.device).view(1, -1, 1, 1)
+        mean, std = _channel_stats(self.mean, self.std, x_uint8.device)
         return (x_uint8.float() / 255.0 - mean) / std
+
+
+@functools.cache
+def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[1, C, 1, 1]`` mean and std tensors, made once per device (normalize runs every batch)."""
+    return (
+        torch.tensor(mean, device=device).view(1, -1, 1, 1),
+        torch.tensor(std, device=device).view(1, -1, 1, 1),
+    )
 
 
 @dataclass(frozen=True)
