@@ -52,4 +52,4 @@ def print_summary(summary) -> None:
     if "personal_accuracy" in summary.final_metrics:
         print(f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}")
     print(f"wall time          {summary.seconds:.1f} s (Ray start-up {summary.ray_startup_seconds:.1f} s)")
-    print("files              config.yaml, metrics.parquet, learning_curve.png, partition.png, tensorboard/, checkpoints/")
+    print("files              config.yaml, metrics.parquet, summary.json, workers.json, learning_curve.png, partition.png, tensorboard/, checkpoints/")

@@ -26,6 +26,10 @@ def plot_partition(label_counts: np.ndarray, path: Path, title: str) -> None:
     shown = label_counts[:100]
     fig, ax = plt.subplots(figsize=(8, max(3, 0.12 * len(shown) + 1.5)))
     image = ax.imshow(shown, aspect="auto", cmap="viridis", interpolation="nearest")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("class")
     ax.set_ylabel("client" + (f" (first 100 of {len(label_counts)})" if len(label_counts) > 100 else ""))
     ax.set_title(title)
