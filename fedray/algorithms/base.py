@@ -202,10 +202,15 @@ def weighted_mean(sums: dict[str, Tensor], key: str = "weights", weight_key: str
     return (sums[key] / sums[weight_key]).float()
 
 
-def weighted_weights_sums(model: FedModel, num_samples: int, prefixes: tuple[str, ...] | None = None) -> dict[str, Tensor]:
-    """The FedAvg contribution of one client: ``n_k · w_k`` (float64) and ``n_k``."""
-    flat = get_flat_weights(model, prefixes).double()
-    return {"weights": flat * num_samples, "num_samples": torch.tensor(float(num_samples), dtype=torch.float64)}
+def weighted_sums(flat: Tensor, num_samples: int | float) -> dict[str, Tensor]:
+    """The FedAvg contribution of one client's flat vector ``w_k``: ``n_k · w_k`` (float64) and
+    ``n_k``, the two sums :func:`weighted_mean` divides."""
+    return {"weights": flat.double() * num_samples, "num_samples": torch.tensor(float(num_samples), dtype=torch.float64)}
+
+
+def weighted_weights_sums(model: FedModel, num_samples: int | float, prefixes: tuple[str, ...] | None = None) -> dict[str, Tensor]:
+    """:func:`weighted_sums` of the model's flat weights (restricted to ``prefixes``)."""
+    return weighted_sums(get_flat_weights(model, prefixes), num_samples)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from fedray.algorithms.base import Broadcast, ClientContext, ClientUpdate, ServerState, Tensor
+from fedray.algorithms.base import Broadcast, ClientContext, ClientUpdate, ServerState, Tensor, weighted_sums
 from fedray.algorithms.ssl import ONLINE_PREFIXES, TARGET_PREFIXES, SiameseAlgorithm
 from fedray.models import FedModel, get_flat_weights, num_flat_weights, set_flat_weights
 
@@ -51,11 +51,7 @@ class FedAvgBYOL(SiameseAlgorithm):
         target = self.target_model(self.model_key(ctx.client_id), ctx.device)
         self._load(ctx.model, target, broadcast["weights"])
         metrics = self.train_local(ctx, target)
-        flat = self._flat(ctx.model, target).double()
-        n = float(ctx.num_samples)
-        return ClientUpdate(
-            sums={"weights": flat * n, "num_samples": torch.tensor(n, dtype=torch.float64)}, metrics=metrics
-        )
+        return ClientUpdate(sums=weighted_sums(self._flat(ctx.model, target), ctx.num_samples), metrics=metrics)
 
     def evaluation_clients(self, num_clients: int) -> list[int]:
         return [0]

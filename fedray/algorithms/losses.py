@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from fedray.algorithms.prototypes import class_means, class_sums
+
 Tensor = torch.Tensor
 
 COSINE_EPS = 1e-8  # cos(a, b) = aᵀb / (‖a‖‖b‖ + ε), fedsc_fedskc.md §0
@@ -100,15 +102,13 @@ def single_mean_positive_contrastive_loss(
     one positive, the mean of the prototypes of the sample's class; negatives, every prototype of
     another class; plain cosine (no 𝒰). Samples whose class has no prototype are skipped."""
     classes, index = torch.unique(prototype_classes, return_inverse=True)
-    class_means = torch.zeros(len(classes), prototypes.shape[1], dtype=prototypes.dtype, device=prototypes.device)
-    class_means.index_add_(0, index, prototypes)
-    class_means /= torch.bincount(index, minlength=len(classes)).unsqueeze(1).to(prototypes.dtype)
+    mean_per_class = class_means(*class_sums(prototypes, index, len(classes)))  # [C', d], one per class present
     own_class = classes.unsqueeze(0) == labels.unsqueeze(1)  # [B, C']
     keep = own_class.any(dim=1)
     if not bool(keep.any()):
         return mean_or_zero(features.new_zeros(0), features)
     features, labels, own_class = features[keep], labels[keep], own_class[keep]
-    positive = cosine_matrix(features, class_means)[own_class].unsqueeze(1)  # [B', 1]
+    positive = cosine_matrix(features, mean_per_class)[own_class].unsqueeze(1)  # [B', 1]
     negatives = cosine_matrix(features, prototypes)
     negatives = negatives.masked_fill(prototype_classes.unsqueeze(0) == labels.unsqueeze(1), float("-inf"))
     return first_positive_info_nce(torch.cat([positive, negatives], dim=1) / tau)

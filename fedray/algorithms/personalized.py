@@ -43,6 +43,7 @@ from fedray.algorithms.base import (
     Tensor,
     classification_sums,
     weighted_mean,
+    weighted_sums,
 )
 from fedray.algorithms.local import local_train
 from fedray.config import RunConfig
@@ -194,10 +195,7 @@ class PersonalizedAlgorithm(Algorithm):
         when φ is empty."""
         if self.split.num_shared == 0:
             return {}
-        return {
-            "weights": shared.double() * num_samples,
-            "num_samples": torch.tensor(float(num_samples), dtype=torch.float64),
-        }
+        return weighted_sums(shared, num_samples)
 
     def post_train_metrics(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, float]:
         """Accuracy of the freshly trained model on the client's held-out split (``eval.personalized``)."""
