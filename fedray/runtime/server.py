@@ -168,15 +168,24 @@ class Server:
             metrics.update(self._evaluate_personalized(round, broadcast))
         return metrics
 
+    def _evaluate_each_client(
+        self, worker_method: str, round: int, clients: np.ndarray, costs: np.ndarray, broadcast: ray.ObjectRef
+    ) -> dict[int, dict[str, float]]:
+        """``ClientWorker.<worker_method>(round, tasks, broadcast)`` over ``clients``, split across the
+        workers by ``costs``; the metrics of each client, by ascending client id."""
+        assignment = assign_clients(clients, costs, len(self.workers))
+        parts = self._on_all_workers(
+            lambda worker, ids: getattr(worker, worker_method).remote(round, self._tasks(ids), broadcast), assignment
+        )
+        return dict(sorted((cid, metrics) for part in parts if part for cid, metrics in part.items()))
+
     def _evaluate_clients_on_test_set(self, round: int, clients: list[int], broadcast: ray.ObjectRef) -> dict[str, float]:
         """The mean of each metric over the named clients that report it (algorithms without a
         global model evaluate every client's own model on the global test set)."""
-        assignment = assign_clients(np.asarray(clients), np.ones(len(clients)), len(self.workers))
-        parts = self._on_all_workers(
-            lambda worker, ids: worker.evaluate_clients_on_test_set.remote(round, self._tasks(ids), broadcast), assignment
+        by_client = self._evaluate_each_client(
+            "evaluate_clients_on_test_set", round, np.asarray(clients), np.ones(len(clients)), broadcast
         )
-        by_client = {cid: metrics for part in parts if part for cid, metrics in part.items()}
-        per_client = [by_client[cid] for cid in sorted(by_client)]
+        per_client = list(by_client.values())
         names = dict.fromkeys(name for metrics in per_client for name in metrics)
         return {name: float(np.mean([m[name] for m in per_client if name in m])) for name in names}
 
@@ -185,11 +194,7 @@ class Server:
         accuracies) over every client's held-out split."""
         assert self.client_test_sizes is not None
         clients = np.flatnonzero(self.client_test_sizes > 0)
-        assignment = assign_clients(clients, self.client_test_sizes[clients], len(self.workers))
-        parts = self._on_all_workers(
-            lambda worker, ids: worker.evaluate_clients.remote(round, self._tasks(ids), broadcast), assignment
-        )
-        per_client = {cid: sums for part in parts if part for cid, sums in part.items()}
+        per_client = self._evaluate_each_client("evaluate_clients", round, clients, self.client_test_sizes[clients], broadcast)
         accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
         correct = sum(s["correct"] for s in per_client.values())
         count = sum(s["count"] for s in per_client.values())
