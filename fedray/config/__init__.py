@@ -6,6 +6,7 @@ from fedray.config.loader import (
     load_config,
     read_yaml,
     save_config,
+    set_key,
     validate_config,
 )
 from fedray.config.schema import (
@@ -37,5 +38,6 @@ __all__ = [
     "load_config",
     "read_yaml",
     "save_config",
+    "set_key",
     "validate_config",
 ]

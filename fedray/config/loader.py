@@ -48,15 +48,21 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             value = text
         if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
             value = text  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        set_key(raw, key.strip(), value, source="--set ")
     return raw
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any, source: str) -> None:
+    """Set dotted ``key`` (``section.key``) in a raw config mapping, creating sections on the way;
+    ``source`` prefixes the error (``"--set "``, ``"space: "``)."""
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -43,7 +43,7 @@ from typing import Any, Iterator, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedray.config import ConfigError, RunConfig, apply_overrides, read_yaml, validate_config
+from fedray.config import ConfigError, RunConfig, apply_overrides, read_yaml, set_key, validate_config
 from fedray.config.loader import format_validation_error
 
 Scalar = Union[bool, int, float, str]
@@ -208,7 +208,7 @@ class SweepSpec(_Strict):
         algorithm = values.get("algorithm.name", (raw.get("algorithm") or {}).get("name", "fedavg"))
         apply_overrides(raw, self.per_algorithm.get(algorithm, []))
         for key, value in values.items():
-            _set_key(raw, key, value)
+            set_key(raw, key, value, source="space: ")
         return validate_config(raw)
 
     def trial_shapes(self) -> Iterator[dict[str, Scalar]]:
@@ -221,18 +221,6 @@ class SweepSpec(_Strict):
         data = self.model_dump(mode="json")
         data["space"] = {key: domain.to_yaml() for key, domain in self.space.items()}
         return yaml.safe_dump(data, sort_keys=False)
-
-
-def _set_key(raw: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``section.key`` in a raw config mapping to an already typed value."""
-    node = raw
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"space: {key}: {part!r} is a value, not a section")
-        node = child
-    node[parts[-1]] = value
 
 
 def parse_sweep(raw: dict[str, Any], source: str | Path, base_dir: Path) -> SweepSpec:
