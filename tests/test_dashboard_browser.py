@@ -27,7 +27,6 @@ from test_dashboard_data import (
     synthetic_round_rows,
     trial_row,
     write_meta,
-    write_parquet_atomically,
     write_run_dir,
     write_sweep_from_runs,
 )
@@ -35,6 +34,7 @@ from test_dashboard_data import (
 from fedray.config import load_config
 from fedray.dashboard import DashboardServer
 from fedray.dashboard.data import DashboardData, select_best_trial
+from fedray.tracking import write_table_atomically
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium", shutil.which("chromium-browser")) if p and Path(p).is_file()), None)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -236,9 +236,9 @@ def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_s
         a_trial = trials_by_alpha(sweep)[0.1]
         shutil.copytree(sweep / "trials" / a_trial, sweep / "trials" / "new")  # its run directory, for the best config
         new_rounds = [{"trial_id": "new", **r} for r in synthetic_round_rows([0.9, 0.99])]
-        write_parquet_atomically(pq.read_table(sweep / "rounds.parquet").to_pylist() + new_rounds, sweep / "rounds.parquet")
+        write_table_atomically(pq.read_table(sweep / "rounds.parquet").to_pylist() + new_rounds, sweep / "rounds.parquet")
         new_trial = trial_row("new", {"data.alpha": 0.5, "algorithm.mu": 0.5}, synthetic_round_rows([0.9, 0.99]), status="RUNNING")
-        write_parquet_atomically(pq.read_table(sweep / "trials.parquet").to_pylist() + [new_trial], sweep / "trials.parquet")
+        write_table_atomically(pq.read_table(sweep / "trials.parquet").to_pylist() + [new_trial], sweep / "trials.parquet")
 
         page.wait_for_selector("#trials-table tbody tr[data-trial-id='new']")
         wait_count(page, "#curves-plot .scatterlayer .trace", 3)
@@ -316,8 +316,8 @@ def test_empty_then_half_written_then_valid_then_deleted_folder(page, tmp_path):
         page.wait_for_selector("#messages .message.error >> text=trials.parquet could not be read")
 
         rows = {"a": synthetic_round_rows([0.3, 0.5]), "b": synthetic_round_rows([0.4, 0.45])}
-        write_parquet_atomically([{"trial_id": t, **r} for t, rs in rows.items() for r in rs], sweep / "rounds.parquet")
-        write_parquet_atomically([trial_row(t, {"data.alpha": a}, rows[t]) for t, a in (("a", 0.1), ("b", 1.0))], sweep / "trials.parquet")
+        write_table_atomically([{"trial_id": t, **r} for t, rs in rows.items() for r in rs], sweep / "rounds.parquet")
+        write_table_atomically([trial_row(t, {"data.alpha": a}, rows[t]) for t, a in (("a", 0.1), ("b", 1.0))], sweep / "trials.parquet")
         wait_count(page, "#trials-table tbody tr", 2)
         wait_count(page, "#curves-plot .scatterlayer .trace", 2)
         assert count(page, "#messages .message.error") == 0

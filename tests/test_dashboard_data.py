@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -31,14 +30,6 @@ from fedray.tracking.metrics_file import write_table_atomically
 
 # ---------------------------------------------------------------------------------------------------
 # Writers of the contract's files (shared with tests/test_dashboard_browser.py)
-
-
-def write_parquet_atomically(rows: list[dict[str, Any]], path: Path) -> None:
-    """As the sweep writes it: a temporary file, then ``os.replace``."""
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    temporary = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), temporary)
-    os.replace(temporary, path)
 
 
 def write_meta(sweep_dir: Path, swept_keys: list[str], num_trials: int, metric: str = "test_accuracy", mode: str = "max",
@@ -67,8 +58,8 @@ def write_sweep_from_runs(sweep_dir: Path, trials: dict[str, dict[str, Any]], me
         trial_rows.append(trial_row(trial_id, swept, rows, metric, mode))
         round_rows += [{"trial_id": trial_id, **r} for r in rows]
     write_meta(sweep_dir, list(next(iter(trials.values()))), len(trials), metric, mode, status="finished")
-    write_parquet_atomically(trial_rows, sweep_dir / "trials.parquet")
-    write_parquet_atomically(round_rows, sweep_dir / "rounds.parquet")
+    write_table_atomically(trial_rows, sweep_dir / "trials.parquet")
+    write_table_atomically(round_rows, sweep_dir / "rounds.parquet")
 
 
 def write_run_dir(run_dir: Path, overrides: list[str], accuracies: list[float], clients_per_round: int = 3, finished: bool = True) -> None:
@@ -200,7 +191,7 @@ def test_sweep_overview_lists_trials_swept_values_and_best(sweep_dir):
 def test_sweep_with_min_mode_marks_the_lowest_metric(sweep_dir):
     write_meta(sweep_dir, ["algorithm.mu", "data.alpha"], 3, metric="test_loss", mode="min")
     trials = [trial_row(t, {}, synthetic_round_rows(a), "test_loss", "min") for t, a in (("t0", [0.2, 0.5]), ("t1", [0.3, 0.9]), ("t2", [0.1, 0.4]))]
-    write_parquet_atomically(trials, sweep_dir / "trials.parquet")
+    write_table_atomically(trials, sweep_dir / "trials.parquet")
     overview = DashboardData(sweep_dir).overview()
     assert overview.mode == "min" and overview.best_trial == "t1"  # test_loss = 1 - accuracy: lowest is 0.1
 
@@ -208,7 +199,7 @@ def test_sweep_with_min_mode_marks_the_lowest_metric(sweep_dir):
 def test_curves_are_downsampled_and_keep_the_best_round(sweep_dir):
     accuracies = list(0.5 + 0.4 * np.sin(np.arange(3000) / 300.0))
     accuracies[2222] = 0.999
-    write_parquet_atomically([{"trial_id": "long", **r} for r in synthetic_round_rows(accuracies)], sweep_dir / "rounds.parquet")
+    write_table_atomically([{"trial_id": "long", **r} for r in synthetic_round_rows(accuracies)], sweep_dir / "rounds.parquet")
     curve = DashboardData(sweep_dir).curves(["long", "absent"], "test_accuracy")["curves"]
     assert list(curve) == ["long"]
     assert len(curve["long"]["round"]) <= 500 and 2223 in curve["long"]["round"] and max(curve["long"]["value"]) == 0.999
@@ -221,7 +212,7 @@ def test_version_changes_only_when_the_files_change(sweep_dir):
     assert data.version() == first.version and data.overview() is first  # nothing changed: nothing re-read
     rows = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
     rows.append(trial_row("t3", {"algorithm.mu": 0.5, "data.alpha": 0.5}, synthetic_round_rows([0.9, 0.95]), status="RUNNING"))
-    write_parquet_atomically(rows, sweep_dir / "trials.parquet")
+    write_table_atomically(rows, sweep_dir / "trials.parquet")
     os.utime(sweep_dir / "trials.parquet", ns=(1, 1))  # a different mtime even on coarse-clock file systems
     assert data.version() != first.version
     second = data.overview()
@@ -265,7 +256,7 @@ def test_sweep_that_has_only_started(tmp_path):
 
 
 def test_trials_file_without_trial_id_column(sweep_dir):
-    write_parquet_atomically([{"status": "RUNNING"}], sweep_dir / "trials.parquet")
+    write_table_atomically([{"status": "RUNNING"}], sweep_dir / "trials.parquet")
     overview = DashboardData(sweep_dir).overview()
     assert overview.trials == [] and any("no trial_id column" in m.text for m in overview.messages)
 
@@ -303,7 +294,7 @@ def test_run_dir_recorded_in_the_trials_file_is_used(sweep_dir):
     shutil.move(sweep_dir / "trials" / "t1", sweep_dir / "elsewhere")
     rows = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
     rows[1]["run_dir"] = "elsewhere"
-    write_parquet_atomically(rows, sweep_dir / "trials.parquet")
+    write_table_atomically(rows, sweep_dir / "trials.parquet")
     data = DashboardData(sweep_dir)
     assert "mu: 0.1" in data.overview().best_config
     assert data.run_view("t1")["run_dir"] == "elsewhere"
@@ -319,7 +310,7 @@ def test_unknown_trial_and_files_outside_the_whitelist_or_the_folder(sweep_dir, 
     write_run_dir(outside, [], [0.5])
     rows = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
     rows[0]["run_dir"] = "../outside"
-    write_parquet_atomically(rows, sweep_dir / "trials.parquet")
+    write_table_atomically(rows, sweep_dir / "trials.parquet")
     shutil.rmtree(sweep_dir / "trials" / "t0")
     assert DashboardData(sweep_dir).run_file("t0", "config.yaml") is None
 

@@ -21,12 +21,18 @@ from fedray.tracking.callbacks import Callback, RunContext
 METRICS_FILE = "metrics.parquet"
 
 
+def write_parquet_atomically(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to a temporary file beside ``path``, then rename it over ``path``: a reader
+    sees the old file or the new one, never half of one."""
+    temporary = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, temporary)
+    os.replace(temporary, path)
+
+
 def write_table_atomically(rows: list[dict[str, Any]], path: Path) -> None:
     """Write ``rows`` (dicts whose keys may differ) as one Parquet table; missing values are null."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    temporary = path.with_suffix(".parquet.tmp")
-    pq.write_table(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), temporary)
-    os.replace(temporary, path)
+    write_parquet_atomically(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), path)
 
 
 def read_metrics(run_dir: str | Path, scope: str = "round") -> list[dict[str, Any]]:

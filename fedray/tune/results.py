@@ -30,6 +30,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from fedray.tracking.metrics_file import write_parquet_atomically
 from fedray.tune.spec import Domain, SweepSpec
 
 TRIALS_FILE = "trials.parquet"
@@ -52,12 +53,6 @@ _TRIAL_COLUMNS = {
 def trial_run_dir(trial_id: str) -> str:
     """A trial's fedray run directory, relative to the sweep directory."""
     return f"{TRIALS_DIR}/{trial_id}"
-
-
-def write_parquet_atomically(table: pa.Table, path: Path) -> None:
-    temporary = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, temporary)
-    os.replace(temporary, path)
 
 
 def write_json_atomically(data: dict[str, Any], path: Path) -> None:
