@@ -1,3 +1,59 @@
-"""fedray: federated-learning simulation on Ray."""
+"""fedray: federated-learning simulation on Ray.
+
+The Python API, for notebooks and scripts (``import fedray`` is cheap: each name is imported on
+first use, so neither torch nor Ray is loaded before you need them)::
+
+    import fedray
+
+    config = fedray.load_config("examples/fedprox_digits.yaml", ["train.rounds=10"])  # or:
+    config = fedray.build_config({"algorithm": {"name": "mylab.fedavgm:FedAvgM", "server_momentum": 0.9}})
+    summary = fedray.run_experiment(config)                 # one simulation -> RunSummary
+    rounds = fedray.read_metrics(summary.run_dir)           # its metrics.parquet rows (scope "round")
+    outcome = fedray.run_sweep(fedray.load_sweep("tune_configs/fedprox.yaml"))   # a Ray Tune sweep
+
+Writing an algorithm: subclass :class:`Algorithm` (with its ``Params``, :class:`ClientContext`,
+:class:`ClientUpdate`, :class:`RoundResults`); plugging in logging: subclass :class:`Callback`. See
+docs/writing_an_algorithm.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_API = {
+    "load_config": "fedray.plugins",  # read a YAML config + overrides, validate all of it
+    "build_config": "fedray.plugins",  # the same from a mapping
+    "RunConfig": "fedray.config",
+    "ConfigError": "fedray.config",
+    "run_experiment": "fedray.runtime",  # run one simulation
+    "resume_experiment": "fedray.runtime",  # continue one from its last checkpoint
+    "RunSummary": "fedray.runtime",
+    "load_sweep": "fedray.tune",  # read and validate a sweep file
+    "run_sweep": "fedray.tune",  # run it with Ray Tune
+    "read_metrics": "fedray.tracking",  # a run's metrics.parquet rows
+    "Algorithm": "fedray.algorithms",
+    "AlgorithmParams": "fedray.algorithms",
+    "ClientContext": "fedray.algorithms",
+    "ClientUpdate": "fedray.algorithms",
+    "RoundResults": "fedray.algorithms",
+    "Callback": "fedray.tracking",
+    "RunContext": "fedray.tracking",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'fedray' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -14,7 +14,7 @@ from fedray.algorithms import get_algorithm_class
 from fedray.algorithms.base import ClientContext, ClientUpdate
 from fedray.algorithms.fedcosr import adaptive_lambda, centroid_infonce, mix_shared, probe_reg_loss
 from fedray.algorithms.prototypes import class_sums
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.data.augment import get_augmentation
 from fedray.models import get_flat_weights, num_flat_weights

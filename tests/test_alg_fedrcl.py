@@ -21,7 +21,8 @@ from fedray.algorithms.fedrcl import (
     relaxed_contrastive_terms,
 )
 from fedray.algorithms.losses import batch_cosine_similarities
-from fedray.config import ConfigError, load_config
+from fedray import load_config
+from fedray.config import ConfigError
 from fedray.data import DatasetInfo
 from fedray.models import get_flat_weights, num_flat_weights, set_flat_weights
 

@@ -30,7 +30,8 @@ from fedray.algorithms.losses import (
     prototype_distance,
     single_mean_positive_contrastive_loss,
 )
-from fedray.config import ConfigError, RunConfig, load_config
+from fedray import load_config
+from fedray.config import ConfigError, RunConfig
 from fedray.data import FederatedDataset, build_federated_dataset, get_augmentation
 from fedray.models import FedModel
 from fedray.runtime.reduction import PartialResult, merge_partials

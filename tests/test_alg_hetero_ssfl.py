@@ -11,7 +11,8 @@ from fedray.algorithms.base import RoundResults
 from fedray.algorithms.cka import cka, consensus, gram
 from fedray.algorithms.hetero_ssfl import architecture_keys, assign_architectures, rad_batches
 from fedray.algorithms.ssl import ONLINE_PREFIXES, TARGET_PREFIXES, embed, ema_update, linear_probe, pair_loss, represent, two_views
-from fedray.config import ConfigError, ModelConfig, load_config
+from fedray import load_config
+from fedray.config import ConfigError, ModelConfig
 from fedray.data import build_federated_dataset, get_augmentation
 from fedray.models import ResNet, get_flat_weights
 from fedray.runtime.seeding import seed_client

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from fedray.cli.main import main
-from fedray.config import ConfigError, load_config, save_config
+from fedray import load_config  # the complete validation (schema + the algorithm's keys)
+from fedray.config import ConfigError, save_config
 
 
 def error_of(overrides: list[str]) -> str:

@@ -12,7 +12,8 @@ import torch
 
 from fedray.algorithms.base import RoundResults
 from fedray.algorithms.personalized import ParameterSplit
-from fedray.config import ConfigError, load_config
+from fedray import load_config
+from fedray.config import ConfigError
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, num_flat_weights
 from fedray.runtime.reduction import merge_partials

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from fedray.plugins import load_config
     from fedray.runtime import CheckpointError, resume_experiment, run_experiment
 
     try:

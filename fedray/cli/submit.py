@@ -53,7 +53,7 @@ def check_fedray_command(fedray_args: list[str]) -> None:
     """The command must parse and a run's config must validate, so that a typo fails here in
     milliseconds instead of as a failed job."""
     from fedray.cli.main import build_parser
-    from fedray.config import load_config
+    from fedray.plugins import load_config
     from fedray.tracking.sync import is_uri
 
     parsed = build_parser().parse_args(fedray_args)

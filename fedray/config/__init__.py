@@ -9,6 +9,7 @@ from fedray.config.loader import (
     set_key,
     validate_config,
 )
+from fedray.config.references import import_reference, is_reference
 from fedray.config.schema import (
     AlgorithmConfig,
     CheckpointConfig,
@@ -35,6 +36,8 @@ __all__ = [
     "SyntheticConfig",
     "TrainConfig",
     "apply_overrides",
+    "import_reference",
+    "is_reference",
     "load_config",
     "read_yaml",
     "save_config",

@@ -1,7 +1,8 @@
 """Load a run config from YAML plus ``--set key=value`` overrides, and validate it.
 
-Everything that can be checked without data or Ray is checked here, so a bad config fails in
-milliseconds with exit code 2 (see :mod:`fedray.cli.main`).
+Everything the schema can check is checked here without data or Ray, so a bad config fails in
+milliseconds with exit code 2 (see :mod:`fedray.cli.main`). The algorithm's own keys and the user
+code a config names are checked one layer up, by :mod:`fedray.plugins`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedray.config.schema import AlgorithmConfig, RunConfig
+from fedray.config.schema import RunConfig
 
 
 class ConfigError(ValueError):
@@ -93,35 +94,21 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], pref
 
 
 def validate_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a raw mapping into a :class:`RunConfig`, including the algorithm's own keys."""
+    """Validate a raw mapping into a :class:`RunConfig`: every section and key of the schema.
+
+    The algorithm's own ``algorithm.*`` keys are checked by
+    :func:`fedray.algorithms.validate_algorithm_params` (this package does not know the algorithms);
+    :func:`fedray.plugins.load_config` does both, and so do ``fedray run`` / ``tune`` / ``submit``.
+    """
     try:
-        config = RunConfig.model_validate(raw)
+        return RunConfig.model_validate(raw)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, RunConfig)) from None
-    config.algorithm = validate_algorithm_params(config.algorithm)
-    return config
-
-
-def validate_algorithm_params(algorithm: AlgorithmConfig) -> AlgorithmConfig:
-    """Check ``algorithm.*`` against the named algorithm's ``Params`` model and fill its defaults."""
-    from fedray.algorithms import ALGORITHMS, get_algorithm_class
-
-    if algorithm.name not in ALGORITHMS:
-        raise ConfigError(
-            f"invalid config:\n  algorithm.name: unknown algorithm {algorithm.name!r} "
-            f"(allowed: {', '.join(sorted(ALGORITHMS))})"
-        )
-    params_model = get_algorithm_class(algorithm.name).Params
-    extra = dict(algorithm.model_extra or {})
-    try:
-        params = params_model.model_validate(extra)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, params_model, prefix="algorithm.")) from None
-    return AlgorithmConfig(name=algorithm.name, **params.model_dump(mode="json"))
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read ``path`` (or start from the defaults), apply overrides, validate."""
+    """Read ``path`` (or start from the defaults), apply overrides, validate the schema (see
+    :func:`validate_config`; :func:`fedray.plugins.load_config` also checks the algorithm's keys)."""
     raw = read_yaml(path) if path is not None else {}
     return validate_config(apply_overrides(raw, overrides))
 

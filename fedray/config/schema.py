@@ -5,7 +5,7 @@ line with ``--set section.key=value``. Validation happens before Ray starts: an 
 type or an out-of-range value raises :class:`fedray.config.ConfigError` naming the key and what is
 allowed.
 
-The sweep symbols of DESIGN.md map to these keys: τ → ``algorithm.tau``, M →
+The sweep symbols (docs/architecture.md) map to these keys: τ → ``algorithm.tau``, M →
 ``algorithm.num_neighbors``, β → ``algorithm.beta``, μ → ``algorithm.mu``, α → ``data.alpha``.
 Algorithm-specific keys are declared by each algorithm's ``Params`` model (see
 :mod:`fedray.algorithms`), not here.
@@ -85,8 +85,9 @@ class ModelConfig(Section):
 class AlgorithmConfig(BaseModel):
     """``algorithm.name`` plus that algorithm's hyperparameters.
 
+    ``name`` is a built-in or installed algorithm name, or ``package.module:ClassName`` (user code).
     The extra keys are validated by the named algorithm's ``Params`` model in
-    :func:`fedray.config.loader.validate_config`.
+    :func:`fedray.algorithms.validate_algorithm_params`.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -147,6 +148,11 @@ class OutputConfig(Section):
     )
     tensorboard: bool = True
     plots: bool = True
+    callbacks: list[str] = Field(
+        default_factory=list,
+        description="extra run callbacks: package.module:ClassName (a fedray.Callback subclass built "
+        "without arguments) or a built-in name (mlflow)",
+    )
 
 
 class RunConfig(Section):

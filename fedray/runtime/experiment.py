@@ -21,13 +21,16 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placemen
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fedray.cluster.placement import WorkerPlacement
-from fedray.config import ConfigError, RunConfig, load_config, save_config
+from fedray.algorithms import algorithm_label
+from fedray.config import ConfigError, RunConfig, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
+from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.server import Server
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
+    config_callback_classes,
     MetricsParquet,
     Plots,
     ProgressBar,
@@ -72,11 +75,11 @@ def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
         callbacks.append(Plots())
     if progress:
         callbacks.append(ProgressBar())
-    return callbacks
+    return callbacks + [cls() for cls in config_callback_classes(config)]  # output.callbacks, last
 
 
 def new_run_dir(config: RunConfig) -> Path:
-    name = config.output.name or f"{config.algorithm.name}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    name = config.output.name or f"{algorithm_label(config.algorithm.name)}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
     run_dir = root / name
     suffix = 1
@@ -190,6 +193,7 @@ def run_experiment(
     crash for tests: ``{"worker": i, "round": r}`` kills worker ``i`` after its first client of round ``r``.
     """
     started = time.perf_counter()
+    config = validate_plugins(config)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
@@ -201,6 +205,9 @@ def run_experiment(
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
     server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
     server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
+    runtime_env = ship_user_modules(config)  # user code named by the config; the workers inherit it
+    if runtime_env is not None:
+        server_options["runtime_env"] = runtime_env
     data_ref = ray.put(data)
     server = ray.remote(Server).options(**server_options).remote(
         config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault

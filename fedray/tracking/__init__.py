@@ -1,19 +1,21 @@
 """Run tracking: metrics Parquet, TensorBoard, plots and progress, each a callback."""
 
-from fedray.tracking.callbacks import Callback, RunContext
+from fedray.tracking.callbacks import BUILTIN_CALLBACKS, Callback, RunContext, callback_class, config_callback_classes
 from fedray.tracking.metrics_file import METRICS_FILE, MetricsParquet, read_metrics, write_table_atomically
 from fedray.tracking.plots import Plots, plot_learning_curve, plot_partition
 from fedray.tracking.progress import ProgressBar
 from fedray.tracking.tensorboard import TensorBoardLogger
 
 __all__ = [
-    "METRICS_FILE",
+    "BUILTIN_CALLBACKS",    "METRICS_FILE",
     "Callback",
     "MetricsParquet",
     "Plots",
     "ProgressBar",
     "RunContext",
     "TensorBoardLogger",
+    "callback_class",
+    "config_callback_classes",
     "plot_learning_curve",
     "plot_partition",
     "read_metrics",

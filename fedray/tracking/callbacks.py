@@ -1,5 +1,10 @@
 """Side concerns of a run (metrics files, TensorBoard, plots, checkpoints, progress) as callbacks,
-so the round loop in :mod:`fedray.runtime.experiment` stays a loop."""
+so the round loop in :mod:`fedray.runtime.experiment` stays a loop.
+
+Users add their own with ``output.callbacks: [mylab.loggers:MyLogger]``: each entry is a
+:class:`Callback` subclass, built without arguments in the driver (it reads its settings from
+``run.config`` or the environment), or a built-in name of :data:`BUILTIN_CALLBACKS`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedray.config import RunConfig
+from fedray.config import ConfigError, RunConfig, import_reference, is_reference
 from fedray.data import FederatedDataset
+
+#: Short names for the callbacks fedray ships (``output.callbacks: [mlflow]``).
+BUILTIN_CALLBACKS = {"mlflow": "fedray.tracking.mlflow:MLflowLogger"}
 
 
 @dataclass
@@ -24,6 +32,13 @@ class RunContext:
 
 
 class Callback:
+    """Hooks the driver calls around the round loop; every hook does nothing by default.
+
+    ``on_round_end`` receives the round's row (``round``, ``train_loss``, ``test_accuracy`` on
+    evaluated rounds, ``seconds``, the algorithm's diagnostics: a row of ``metrics.parquet``) and one
+    row per client of the round.
+    """
+
     def on_run_start(self, run: RunContext) -> None:
         pass
 
@@ -32,3 +47,22 @@ class Callback:
 
     def on_run_end(self, run: RunContext) -> None:
         pass
+
+
+def callback_class(reference: str, key: str = "output.callbacks") -> type[Callback]:
+    """The :class:`Callback` subclass an ``output.callbacks`` entry names; :class:`ConfigError` otherwise."""
+    target = BUILTIN_CALLBACKS.get(reference, reference)
+    if not is_reference(target):
+        raise ConfigError(
+            f"invalid config:\n  {key}: unknown callback {reference!r} (allowed: {', '.join(BUILTIN_CALLBACKS)}, "
+            "or package.module:ClassName)"
+        )
+    value = import_reference(target, key)
+    if not (isinstance(value, type) and issubclass(value, Callback)):
+        raise ConfigError(f"invalid config:\n  {key}: {reference!r} is not a subclass of fedray.Callback (got {value!r})")
+    return value
+
+
+def config_callback_classes(config: RunConfig) -> list[type[Callback]]:
+    """The classes of ``output.callbacks``, imported and checked (before Ray starts)."""
+    return [callback_class(reference, f"output.callbacks.{i}") for i, reference in enumerate(config.output.callbacks)]

@@ -43,7 +43,7 @@ from typing import Any, Iterator, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedray.config import ConfigError, RunConfig, apply_overrides, read_yaml, set_key, validate_config
+from fedray.config import ConfigError, RunConfig, apply_overrides, is_reference, read_yaml, set_key, validate_config
 from fedray.config.loader import format_validation_error
 
 Scalar = Union[bool, int, float, str]
@@ -209,7 +209,9 @@ class SweepSpec(_Strict):
         apply_overrides(raw, self.per_algorithm.get(algorithm, []))
         for key, value in values.items():
             set_key(raw, key, value, source="space: ")
-        return validate_config(raw)
+        from fedray.plugins import validate_plugins  # imports the algorithms (torch): only when validating
+
+        return validate_plugins(validate_config(raw))
 
     def trial_shapes(self) -> Iterator[dict[str, Scalar]]:
         """Every combination of each key's representative values (see the module docstring)."""
@@ -263,7 +265,7 @@ def _resolve_paths(spec: SweepSpec) -> None:
 def _check_trials(spec: SweepSpec, source: str | Path) -> None:
     from fedray.algorithms import ALGORITHMS
 
-    unknown = [name for name in spec.per_algorithm if name not in ALGORITHMS]
+    unknown = [name for name in spec.per_algorithm if name not in ALGORITHMS and not is_reference(name)]
     if unknown:
         raise ConfigError(
             f"invalid sweep file {source}:\n  per_algorithm: unknown algorithm(s) {', '.join(unknown)} "

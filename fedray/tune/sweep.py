@@ -21,6 +21,7 @@ import ray
 from ray import tune
 
 from fedray.config import ConfigError
+from fedray.plugins import job_runtime_env, user_module_paths
 from fedray.tune.results import ERROR, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
 from fedray.tune.spec import SWEEP_FILE, SweepSpec, load_sweep, max_rounds, trial_cpus
 from fedray.tune.trainable import run_trial, trial_resources
@@ -54,12 +55,16 @@ def connect_ray(address: str | None, spec: SweepSpec) -> tuple[bool, str | None]
     if ray.is_initialized():
         return False, None
     address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
+    configs = [spec.trial_config(values) for values in spec.trial_shapes()]
+    # Tune creates the trial actors without a runtime_env of ours: they inherit the job's, so user code
+    # named by the trials (algorithm.name, output.callbacks) is shipped with the job (fedray.plugins).
+    runtime_env = job_runtime_env(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
     if address:
-        context = ray.init(address=address)
+        context = ray.init(address=address, runtime_env=runtime_env)
     else:
-        largest_trial = max(trial_cpus(spec.trial_config(values), spec) for values in spec.trial_shapes())
+        largest_trial = max(trial_cpus(config, spec) for config in configs)
         # address="local": never join another Ray that happens to run on this machine
-        context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)))
+        context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env)
     url = context.dashboard_url or None
     return True, (url if url is None or "://" in url else f"http://{url}")
 
