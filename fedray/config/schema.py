@@ -156,6 +156,8 @@ class OutputConfig(Section):
 
 
 class RunConfig(Section):
+    """A whole run config: one attribute per YAML section (``config.data.alpha``, ``config.train.rounds``)."""
+
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

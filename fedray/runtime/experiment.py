@@ -46,6 +46,8 @@ SUMMARY_FILE = "summary.json"
 
 @dataclass
 class RunSummary:
+    """What :func:`run_experiment` returns (also written to ``summary.json``)."""
+
     run_dir: str
     rounds: int
     final_test_accuracy: float | None
