@@ -52,7 +52,7 @@ Broadcast = dict[str, Any]
 class AlgorithmParams(BaseModel):
     """Base of every algorithm's ``Params``: unknown ``algorithm.*`` keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """The ``fedray`` command. Each sub-command is a module of this package with a
 ``register(subparsers)`` function; this file only discovers and dispatches them.
 
-Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, paths, arguments).
+Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, paths, arguments), 130
+interrupted (Ctrl-C or SIGTERM). Expected failures are printed as one line, without a traceback: a
+:class:`ConfigError`, and any exception whose class sets ``fedray_exit_code`` (a corrupt checkpoint,
+a full disk, a run that failed for a stated reason).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 
 import fedray
@@ -29,14 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the command like Ctrl-C
     try:
         return int(args.handler(args) or 0)
     except ConfigError as error:
         print(f"fedray: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("fedray: interrupted; resume with `fedray run --resume <run-dir>`", file=sys.stderr)
+    except KeyboardInterrupt as error:  # a run's RunInterrupted says how to resume it
+        print(f"fedray: {getattr(error, 'message', 'interrupted')}", file=sys.stderr)
         return 130
+    except Exception as error:
+        code = getattr(error, "fedray_exit_code", None)
+        if code is None:
+            raise
+        print(f"fedray: {error}", file=sys.stderr)
+        return int(code)
 
 
 if __name__ == "__main__":

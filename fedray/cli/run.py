@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from fedray.config import ConfigError
 
@@ -23,20 +22,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line."""
     from fedray.plugins import load_config
-    from fedray.runtime import CheckpointError, resume_experiment, run_experiment
+    from fedray.runtime import resume_experiment, run_experiment
 
-    try:
-        if args.resume:
-            if args.config or args.overrides:
-                raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
-            summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
-        else:
-            config = load_config(args.config, args.overrides)
-            summary = run_experiment(config, address=args.address, progress=not args.quiet)
-    except CheckpointError as error:
-        print(f"fedray: {error}", file=sys.stderr)
-        return 2
+    if args.resume:
+        if args.config or args.overrides:
+            raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
+        summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
+    else:
+        config = load_config(args.config, args.overrides)
+        summary = run_experiment(config, address=args.address, progress=not args.quiet)
     print_summary(summary)
     return 0
 

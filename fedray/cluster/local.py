@@ -56,6 +56,15 @@ _HEAD_PORT_FLAGS = ("--ray-client-server-port",)
 MAX_TEMP_DIR_LENGTH = 43  # + "/session_2026-01-01_00-00-00_000000_<pid>/sockets/plasma_store" <= 107
 
 
+def write_private_file(path: Path, text: str) -> None:
+    """Create ``path`` readable by its owner only (0600) from the start, so a secret is never
+    world-readable, not even between a create and a chmod; an existing file is replaced."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -141,8 +150,7 @@ class LocalCluster:
             )
         self.token_file = self.directory / "auth_token"
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.token_file.write_text(secrets.token_hex(32))
-        self.token_file.chmod(0o600)
+        write_private_file(self.token_file, secrets.token_hex(32))
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
         self.nodes: list[LocalNode] = []

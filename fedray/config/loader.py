@@ -7,6 +7,8 @@ code a config names are checked one layer up, by :mod:`fedray.plugins`.
 
 from __future__ import annotations
 
+import reprlib
+import typing
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -20,15 +22,94 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what is allowed."""
 
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a config is a few kB; anything this big is a mistake or an attack
+MAX_CONFIG_DEPTH = 32  # the deepest real config (a sweep's space of algorithm lists) is ~6 levels
+MAX_CONFIG_NODES = 100_000  # values counted with YAML aliases expanded (an alias "bomb" is far larger)
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python object construction) that refuses duplicate mapping keys,
+    which the plain loader resolves silently by keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # the plain loader reports an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {short_repr(key)}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so an error never prints a huge value."""
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = shortener.maxlong = limit
+    text = shortener.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` safely and check its size (:data:`MAX_CONFIG_DEPTH`,
+    :data:`MAX_CONFIG_NODES`); ``source`` (a file name, ``--set key``) starts every error."""
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_StrictSafeLoader):  # the parser is not recursive; the composer is
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_CONFIG_DEPTH:
+                raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        loaded = yaml.load(text, Loader=_StrictSafeLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = error.problem or error.context or "unreadable"
+        raise ConfigError(f"{source}: not valid YAML{where}: {short_repr(problem, 200)[1:-1]}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: not valid YAML: {short_repr(str(error), 200)[1:-1]}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+    check_config_shape(loaded, source)
+    return loaded
+
+
+def check_config_shape(value: Any, source: str) -> None:
+    """Refuse a value nested deeper than :data:`MAX_CONFIG_DEPTH` or holding more than
+    :data:`MAX_CONFIG_NODES` values once YAML aliases are expanded (walked without recursion, and
+    stopped at the limit, so a "billion laughs" document is refused in microseconds)."""
+    stack, count = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if count > MAX_CONFIG_NODES:
+            raise ConfigError(f"{source}: more than {MAX_CONFIG_NODES:,} values (YAML aliases expanded)")
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for pair in node.items() for child in pair)
+        elif isinstance(node, (list, tuple)):
+            stack.extend((child, depth + 1) for child in node)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with the safe loader (no Python object construction)."""
+    """Read a YAML mapping with the safe loader (no Python object construction), refusing files
+    over :data:`MAX_CONFIG_BYTES`, text that is not UTF-8, duplicate keys and too-deep nesting."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a config may have at most {MAX_CONFIG_BYTES:,}")
     try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    loaded = parse_yaml(text, str(path))
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -42,11 +123,16 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set data.alpha=0.1")
+            raise ConfigError(f"--set {short_repr(override)}: expected KEY=VALUE, e.g. --set data.alpha=0.1")
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"--set {key.strip()}: value of {len(text):,} characters; at most {MAX_CONFIG_BYTES:,}")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
+        except RecursionError:
+            raise ConfigError(f"--set {key.strip()}: nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+        check_config_shape(value, f"--set {key.strip()}")
         if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
             value = text  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
         set_key(raw, key.strip(), value, source="--set ")
@@ -82,6 +168,7 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], pref
     for item in error.errors():
         loc = tuple(item["loc"])
         key = prefix + ".".join(str(part) for part in loc)
+        key = key if len(key) <= 80 else key[:77] + "..."
         if item["type"] == "extra_forbidden":
             allowed = ", ".join(_allowed_keys(model, loc))
             lines.append(f"{key}: unknown key (allowed: {allowed})")
@@ -89,7 +176,7 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], pref
             lines.append(str(item["msg"]).removeprefix("Value error, "))
         else:
             message = str(item["msg"]).removeprefix("Value error, ")
-            lines.append(f"{key}: {message} (got {item.get('input')!r})")
+            lines.append(f"{key}: {message} (got {short_repr(item.get('input'))})")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

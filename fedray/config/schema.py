@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity")
@@ -23,9 +23,10 @@ MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18")
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+    """Base of every config section: unknown keys are errors, assignments are re-validated, and
+    floats must be finite (``.inf``/``nan`` would reach the optimiser or the partitioner)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SyntheticConfig(Section):
@@ -41,7 +42,7 @@ class SyntheticConfig(Section):
 
 class DataConfig(Section):
     name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
-    root: str = "data"
+    root: str = Field("data", max_length=4096)
     download: bool = False
     num_clients: int = Field(20, gt=0)
     partition: Literal[PARTITIONS] = "dirichlet"  # type: ignore[valid-type]
@@ -137,7 +138,7 @@ class ResourcesConfig(Section):
 
 
 class OutputConfig(Section):
-    dir: str = "runs"
+    dir: str = Field("runs", min_length=1, max_length=4096)
     name: str | None = Field(None, description="run directory name (default: algorithm-dataset-time)")
     staging_dir: str | None = Field(
         None,
@@ -154,11 +155,23 @@ class OutputConfig(Section):
         "without arguments) or a built-in name (mlflow)",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _name_stays_inside_dir(cls, name: str | None) -> str | None:
+        """The run directory is ``output.dir/output.name``: a name must not lead anywhere else."""
+        if name is None:
+            return None
+        if name in ("", ".", "..") or any(sep in name for sep in ("/", "\\", "\0")) or len(name) > 200:
+            raise ValueError(
+                "must be a plain directory name inside output.dir (no '/', '\\', '..'; at most 200 characters)"
+            )
+        return name
+
 
 class RunConfig(Section):
     """A whole run config: one attribute per YAML section (``config.data.alpha``, ``config.train.rounds``)."""
 
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="every random choice derives from it")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedray.config.schema import OutputConfig
+from fedray.tracking.metrics_file import PARTS_DIR, read_metrics_table
 
 # File names of the sweep directory contract and of a fedray run directory.
 META_FILE = "meta.json"
@@ -276,6 +277,19 @@ def read_parquet_frame(path: Path) -> pd.DataFrame:
     return pq.read_table(path).to_pandas()
 
 
+def run_metrics_path(run_dir: Path) -> Path:
+    """What changes when a run's metrics do: its ``metrics_parts/`` folder while it runs (a part is
+    renamed in), else its compacted ``metrics.parquet``."""
+    parts = run_dir / PARTS_DIR
+    return parts if parts.is_dir() else run_dir / METRICS_FILE
+
+
+def read_run_metrics_frame(path: Path) -> pd.DataFrame:
+    """A run's metric rows, from either layout (``path`` is from :func:`run_metrics_path`)."""
+    table = read_metrics_table(path.parent)
+    return pd.DataFrame(columns=["round"]) if table is None else table.to_pandas()
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     loaded = json.loads(path.read_text())
     if not isinstance(loaded, dict):
@@ -321,7 +335,7 @@ class DashboardData:
         it starts, before it reports a metric, so the best trial's config needs no watching.)"""
         if kind == "sweep":
             return [self.root / META_FILE, self.root / TRIALS_FILE, self.root / ROUNDS_FILE]
-        return [d / name for d in self.run_dirs(kind) for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
+        return [d / name for d in self.run_dirs(kind) for name in (CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)]
 
     def version(self) -> str:
         """A fingerprint of the watched files (and the folder's kind); it changes when any of them does."""
@@ -469,7 +483,7 @@ class DashboardData:
 
     def _run_round_rows(self, run_dir: Path, messages: list[Message]) -> pd.DataFrame:
         """The ``scope == "round"`` rows of a run's ``metrics.parquet`` (empty frame if none yet)."""
-        metrics = self.cache.read(run_dir / METRICS_FILE, read_parquet_frame, messages)
+        metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
         if metrics is None or "round" not in metrics.columns:
             return pd.DataFrame(columns=["round"])
         rows = metrics[metrics["scope"] == "round"] if "scope" in metrics.columns else metrics
@@ -546,7 +560,7 @@ class DashboardData:
             messages.append(Message("warning", f"The run directory of {trial_id} is not here (the trial has not started, or the sweep was copied without trials/); showing its rows from {ROUNDS_FILE}."))
         else:
             view["run_dir"] = str(run_dir.relative_to(self.root)) or "."
-            metrics = self.cache.read(run_dir / METRICS_FILE, read_parquet_frame, messages)
+            metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
             view["config"] = self.cache.read(run_dir / CONFIG_FILE, read_text, messages)
             view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             stamps = {name: file_stamp(run_dir / name) for name in RUN_FILES}

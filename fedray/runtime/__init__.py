@@ -1,10 +1,19 @@
 """The Ray runtime: a server actor and a pool of client-worker actors (see DESIGN.md)."""
 
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from fedray.runtime.experiment import RunSummary, prepare_data, resume_experiment, run_experiment
+from fedray.runtime.experiment import (
+    RunError,
+    RunInterrupted,
+    RunSummary,
+    prepare_data,
+    resume_experiment,
+    run_experiment,
+)
 
 __all__ = [
     "CheckpointError",
+    "RunError",
+    "RunInterrupted",
     "RunSummary",
     "list_checkpoints",
     "load_checkpoint",

@@ -9,6 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
+import signal
+import socket
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -17,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.exceptions import RayActorError
 from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -26,7 +32,8 @@ from fedray.config import ConfigError, RunConfig, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-from fedray.runtime.server import Server
+from fedray.tracking.metrics_file import check_metrics_cover
+from fedray.runtime.server import Server, WorkerPoolError
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
@@ -42,6 +49,22 @@ from fedray.tracking.sync import StorageSync, is_uri, staging_root
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+CONNECT_TIMEOUT_S = 5.0  # to reach a cluster's address before handing it to ray.init, which waits minutes
+MAX_LOCAL_OVERSUBSCRIPTION = 4  # a local run may reserve at most this many logical CPUs per real one
+
+
+class RunError(RuntimeError):
+    """A run failed for a reason the message states in one line (with what to do about it)."""
+
+    fedray_exit_code = 1  # the CLI prints the message alone and exits with this code
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the driver; ``message`` says how to resume."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 @dataclass
@@ -81,31 +104,130 @@ def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
 
 
 def new_run_dir(config: RunConfig) -> Path:
+    """The directory of a new run: ``output.dir/output.name``, which must not exist yet (a second run
+    would mix its checkpoints and metrics with the first's), or ``output.dir/<algorithm>-<dataset>-<time>``
+    with a numeric suffix if that exists."""
     name = config.output.name or f"{algorithm_label(config.algorithm.name)}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"invalid config:\n  output.dir: {root} is a file, not a directory")
     run_dir = root / name
+    if config.output.name is not None and run_dir.exists():
+        raise ConfigError(
+            f"invalid config:\n  output.name: the run directory {run_dir} already exists; choose another "
+            f"output.name, delete it, or continue it with `fedray run --resume {run_dir}`"
+        )
     suffix = 1
-    while run_dir.exists() and config.output.name is None:
+    while run_dir.exists():
         run_dir = root / f"{name}-{suffix}"
         suffix += 1
     return run_dir
 
 
 def prepare_data(config: RunConfig) -> FederatedDataset:
-    """Load and partition the data and build the algorithm once, so that impossible client counts
-    and the algorithm's own checks (which need the dataset, e.g. its model's taps) fail as config
-    errors before Ray starts."""
-    data = build_federated_dataset(config.data, config.seed)
+    """Load and partition the data and build the algorithm and its model once, so that impossible
+    client counts, a model that does not fit the data and the algorithm's own checks (which need the
+    dataset, e.g. its model's taps) fail as config errors before Ray starts."""
+    try:
+        data = build_federated_dataset(config.data, config.seed)
+    except ConfigError:
+        raise
+    except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
+        raise ConfigError(f"invalid config:\n  data: {_first_line(error)}") from None
+    if config.data.partition == "shards" and config.data.classes_per_client > data.info.num_classes:
+        raise ConfigError(
+            f"invalid config:\n  data.classes_per_client: {config.data.classes_per_client} is more than the "
+            f"{data.info.num_classes} classes of {config.data.name}"
+        )
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
         raise ConfigError(f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition")
     try:
-        build_algorithm(config, data)
+        algorithm = build_algorithm(config, data)
     except ConfigError:
         raise
     except ValueError as error:
-        raise ConfigError(f"invalid config:\n  {error}") from None
+        raise ConfigError(f"invalid config:\n  {_first_line(error)}") from None
+    try:
+        algorithm.build_model(algorithm.model_key(None))
+    except ValueError as error:
+        info = data.info
+        raise ConfigError(
+            f"invalid config:\n  model.name: {_first_line(error)} (data.name={config.data.name} has "
+            f"{info.channels}×{info.image_size}×{info.image_size} images)"
+        ) from None
     return data
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+_HOST_PORT = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def check_address(address: str | None) -> None:
+    """Refuse a malformed ``--address`` before anything starts (exit 2); ``auto``, ``HOST:PORT``
+    (the cluster's GCS) and ``ray://HOST:PORT`` (Ray Client) are accepted."""
+    if address is None or address == "auto":
+        return
+    match = _HOST_PORT.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(
+            f"--address {address[:100]!r}: expected auto, HOST:PORT (the head node's GCS, e.g. 10.0.0.1:6379) "
+            "or ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.1:10001)"
+        )
+
+
+def check_local_resources(config: RunConfig) -> None:
+    """For a run that will start its own local Ray: refuse GPU workers on a machine without a GPU
+    (Ray would wait for a GPU that never comes) and CPU reservations far beyond the machine's cores
+    (Ray would create that many logical CPUs and as many worker processes); warn when the workers
+    oversubscribe the cores."""
+    resources = config.resources
+    if resources.gpus_per_worker > 0:
+        import torch
+
+        if torch.cuda.device_count() == 0:
+            raise ConfigError(
+                f"invalid config:\n  resources.gpus_per_worker: {resources.gpus_per_worker} but this machine has no "
+                "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
+            )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+    if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
+        raise ConfigError(
+            f"invalid config:\n  resources.num_workers: {resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
+            f"(+ {resources.server_cpus} for the server) need {needed:g} CPUs, but this machine has {cores}; a local run "
+            f"may reserve at most {MAX_LOCAL_OVERSUBSCRIPTION}× its cores (use --address for a cluster)"
+        )
+    if needed > cores:
+        logger.warning(
+            "resources: %g CPUs reserved on a machine with %d cores; the workers will share cores and each round "
+            "will be slower than with fewer workers", needed, cores,
+        )
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds when nothing listens at a ``HOST:PORT`` address (ray.init would retry for minutes)."""
+    match = _HOST_PORT.match(address)
+    if match is None:  # "auto": ray.init finds (or does not find) the local cluster at once
+        return
+    host, port = match.group(1).strip("[]"), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__)
+        raise RunError(f"cannot reach the Ray cluster at {address} ({reason} within {CONNECT_TIMEOUT_S:g} s); is it running?") from None
+
+
+def _interrupt_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a batch scheduler's time limit) stop the driver like Ctrl-C, cleanly.
+    ``ray.init`` installs a handler that exits at once and Ray's native signal handler then dumps a
+    stack; the driver's cleanup (actors, placement group) and resume hint would be skipped."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def ensure_ray(address: str | None, config: RunConfig) -> float:
@@ -119,18 +241,23 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
         return 0.0
     started = time.perf_counter()
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        resources = config.resources
-        needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
-        ray.init(
-            address="local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
-            num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed))),
-            include_dashboard=False,
-            dashboard_host="127.0.0.1",
-            log_to_driver=True,
-        )
+    try:
+        if address:
+            _probe(address)
+            ray.init(address=address, log_to_driver=True)
+        else:
+            resources = config.resources
+            needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+            ray.init(
+                address="local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
+                num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed))),
+                include_dashboard=False,
+                dashboard_host="127.0.0.1",
+                log_to_driver=True,
+            )
+    except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
+        raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {_first_line(error)}") from None
+    _interrupt_on_sigterm()
     return time.perf_counter() - started
 
 
@@ -155,7 +282,7 @@ def reserve_resources(config: RunConfig) -> tuple[PlacementGroup, int]:
         ray.get(group.ready(), timeout=120)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        raise RuntimeError(
+        raise RunError(
             f"could not reserve {resources.num_workers} worker(s) × {worker_bundle} within 120 s; "
             f"the cluster has {ray.cluster_resources()}. Lower resources.num_workers / cpus_per_worker / gpus_per_worker."
         ) from None
@@ -196,56 +323,100 @@ def run_experiment(
     """
     started = time.perf_counter()
     config = validate_plugins(config)
+    check_address(address)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     checkpoint = load_latest_checkpoint(run_dir) if resume else None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / CONFIG_FILE)
+    if checkpoint is not None:
+        check_metrics_cover(run_dir, int(checkpoint["round"]))
+    if not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS")):
+        check_local_resources(config)
     ray_startup_seconds = ensure_ray(address, config)
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
-    server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
-    server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
-    runtime_env = ship_user_modules(config)  # user code named by the config; the workers inherit it
-    if runtime_env is not None:
-        server_options["runtime_env"] = runtime_env
-    data_ref = ray.put(data)
-    server = ray.remote(Server).options(**server_options).remote(
-        config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
-    )
-    start_round = 0
-    if checkpoint is not None:
-        ray.get(server.load_checkpoint_state.remote(checkpoint))
-        start_round = int(checkpoint["round"])
-        logger.info("resuming %s from round %d", run_dir, start_round)
-
-    run = RunContext(config=config, run_dir=run_dir, data=data, server=server, start_round=start_round)
+    created = not run_dir.exists()  # a run directory appears only once Ray and the resources are there
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir / CONFIG_FILE)
+    start_round = int(checkpoint["round"]) if checkpoint is not None else 0
+    run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
     callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
     if storage_sync is not None:
         callbacks.append(storage_sync)
     try:
+        server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
+        server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
+        runtime_env = ship_user_modules(config)  # user code named by the config; the workers inherit it
+        if runtime_env is not None:
+            server_options["runtime_env"] = runtime_env
+        data_ref = ray.put(data)
+        run.server = ray.remote(Server).options(**server_options).remote(
+            config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
+        )
+        if checkpoint is not None:
+            ray.get(run.server.load_checkpoint_state.remote(checkpoint))
+            logger.info("resuming %s from round %d", run_dir, start_round)
         for callback in callbacks:
             callback.on_run_start(run)
         for round in range(start_round + 1, config.train.rounds + 1):
-            result = ray.get(server.run_round.remote(round))
+            result = ray.get(run.server.run_round.remote(round))
+            check_round(config, result["round"])
             run.history.append(result["round"])
             for callback in callbacks:
                 callback.on_round_end(run, result["round"], result["clients"])
         for callback in callbacks:
             callback.on_run_end(run)
+    except KeyboardInterrupt:
+        raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
+    except WorkerPoolError as error:
+        raise RunError(f"{_first_line(error)}; {_resume_hint(run, created)}") from None
+    except RayActorError as error:  # the server actor itself (its node, or the process) died
+        raise RunError(f"the server actor died ({_first_line(error)}); {_resume_hint(run, created)}") from None
     finally:
-        for worker in ray.get(server.worker_handles.remote()):
-            ray.kill(worker)
-        ray.kill(server)
-        if placement is None:
-            remove_placement_group(group)
+        _release(run.server, group if placement is None else None)
+        if created and not run.history and not list_checkpoints(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # failed before its first round: nothing to keep
 
     summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:
         storage_sync.sync(run_dir)
     return summary
+
+
+def check_round(config: RunConfig, row: dict[str, Any]) -> None:
+    """Stop a run whose every client update of a round was non-finite: the model is no longer being
+    trained, and carrying on would end "successfully" with an untrained model."""
+    if row["clients"] > 0 and row["excluded_updates"] >= row["clients"]:
+        raise RunError(
+            f"round {row['round']}: all {row['clients']} client updates were non-finite (NaN/inf) and excluded, so "
+            f"training diverged; start again with a lower train.lr (now {config.train.lr:g}), a train.grad_clip, "
+            "or a smaller algorithm weight"
+        )
+
+
+def _resume_hint(run: RunContext, created: bool) -> str:
+    """What the user can do with the run directory after a failure."""
+    if created and not run.history and not list_checkpoints(run.run_dir):
+        return "it stopped before its first round, so nothing was kept"
+    checkpoints = list_checkpoints(run.run_dir)
+    since = f"its checkpoint of round {checkpoints[-1][0]}" if checkpoints else "round 1"
+    return f"continue it from {since} with `fedray run --resume {run.run_dir}`"
+
+
+def _release(server: Any, group: PlacementGroup | None) -> None:
+    """Kill the run's actors and remove its placement group. A dead server's workers are gone with it
+    (Ray ends the actors an actor created when it dies)."""
+    if server is not None:
+        try:
+            workers = ray.get(server.worker_handles.remote(), timeout=60)
+        except (RayActorError, ray.exceptions.GetTimeoutError):
+            workers = []
+        for worker in workers:
+            ray.kill(worker)
+        ray.kill(server)
+    if group is not None:
+        remove_placement_group(group)
 
 
 def summarize(run: RunContext, seconds: float, ray_startup_seconds: float) -> RunSummary:

@@ -1,14 +1,23 @@
 """Run tracking: metrics Parquet, TensorBoard, plots and progress, each a callback."""
 
 from fedray.tracking.callbacks import BUILTIN_CALLBACKS, Callback, RunContext, callback_class, config_callback_classes
-from fedray.tracking.metrics_file import METRICS_FILE, MetricsParquet, read_metrics, write_table_atomically
+from fedray.tracking.metrics_file import (
+    METRICS_FILE,
+    MetricsError,
+    MetricsParquet,
+    read_metrics,
+    read_metrics_table,
+    write_table_atomically,
+)
 from fedray.tracking.plots import Plots, plot_learning_curve, plot_partition
 from fedray.tracking.progress import ProgressBar
 from fedray.tracking.tensorboard import TensorBoardLogger
 
 __all__ = [
-    "BUILTIN_CALLBACKS",    "METRICS_FILE",
+    "BUILTIN_CALLBACKS",
+    "METRICS_FILE",
     "Callback",
+    "MetricsError",
     "MetricsParquet",
     "Plots",
     "ProgressBar",
@@ -19,5 +28,6 @@ __all__ = [
     "plot_learning_curve",
     "plot_partition",
     "read_metrics",
+    "read_metrics_table",
     "write_table_atomically",
 ]

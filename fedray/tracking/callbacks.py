@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedray.config import ConfigError, RunConfig, import_reference, is_reference
-from fedray.data import FederatedDataset
+
+if TYPE_CHECKING:  # torch-free at run time, so readers of run files (the dashboard) import fedray.tracking cheaply
+    from fedray.data import FederatedDataset
 
 #: Short names for the callbacks fedray ships (``output.callbacks: [mlflow]``).
 BUILTIN_CALLBACKS = {"mlflow": "fedray.tracking.mlflow:MLflowLogger"}

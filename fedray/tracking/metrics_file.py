@@ -1,32 +1,55 @@
-"""``metrics.parquet``: one row per round (``scope == "round"``) plus one row per client per round
+"""A run's metrics: one row per round (``scope == "round"``) plus one row per client per round
 (``scope == "client"``, with ``client_id``).
 
-The file is rewritten atomically, so a reader (the dashboard, a notebook) never sees a half-written
-file. It is rewritten at every checkpoint round, at the end, and otherwise at most once per
-``min_interval`` seconds: rows after the last checkpoint are recomputed on resume anyway, and the
-rewrite grows with the run, so rewriting it every round would make long runs quadratic."""
+Layout, append-only so that writing costs O(rows) in total however long the run:
+
+- while the run goes on, rows are written to ``metrics_parts/rounds_<first>-<last>.parquet``, each
+  part written once, atomically, and never changed: at every checkpoint round (the part then covers
+  the rounds since the previous checkpoint and replaces the parts written in between) and otherwise
+  at most once per ``min_interval`` seconds, so a live reader sees recent rounds;
+- when the run ends, the parts are compacted into ``metrics.parquet`` (one write of every row) and
+  removed.
+
+:func:`read_metrics` reads either layout (and both, while a compaction is half done), so the
+dashboard, Ray Tune and notebooks use it rather than ``metrics.parquet`` directly; after a run ends,
+``pd.read_parquet(run_dir / "metrics.parquet")`` also works. On resume the rows up to the checkpoint
+are read back from the parts (a damaged or deleted ``metrics.parquet`` of an interrupted run plays no
+part) and must cover every round up to it; parts are written with Parquet page checksums, so a
+damaged part is reported, naming the file, rather than read as different numbers.
+"""
 
 from __future__ import annotations
 
-import os
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from fedray.tracking.atomic import write_bytes_atomically
 from fedray.tracking.callbacks import Callback, RunContext
 
 METRICS_FILE = "metrics.parquet"
+PARTS_DIR = "metrics_parts"
+_PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
+
+
+class MetricsError(RuntimeError):
+    """A run's metric files are damaged or incomplete, so a resume cannot rebuild its rows."""
+
+    fedray_exit_code = 2  # the CLI prints the message alone: the run directory given is unusable
 
 
 def write_parquet_atomically(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to a temporary file beside ``path``, then rename it over ``path``: a reader
-    sees the old file or the new one, never half of one."""
-    temporary = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, temporary)
-    os.replace(temporary, path)
+    """Write ``table`` to ``path`` atomically (see :mod:`fedray.tracking.atomic`): a reader sees the
+    old file or the new one, never half of one. Pages carry checksums, verified by :func:`read_metrics`."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, write_page_checksum=True)
+    write_bytes_atomically(path, memoryview(sink.getvalue()))
 
 
 def write_table_atomically(rows: list[dict[str, Any]], path: Path) -> None:
@@ -35,36 +58,128 @@ def write_table_atomically(rows: list[dict[str, Any]], path: Path) -> None:
     write_parquet_atomically(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), path)
 
 
+def list_parts(run_dir: str | Path) -> list[tuple[int, int, Path]]:
+    """(first round, last round, path) of each metrics part of a run, in round order."""
+    directory = Path(run_dir) / PARTS_DIR
+    parts = []
+    for path in directory.iterdir() if directory.is_dir() else []:
+        match = _PART.match(path.name)
+        if match:
+            parts.append((int(match.group(1)), int(match.group(2)), path))
+    return sorted(parts)
+
+
+def _read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise MetricsError(f"{path} is damaged ({reason})") from None
+
+
+def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
+    """Every metrics row of a run as one table (columns unified; missing values are null), sorted by
+    round; None if the run has written no metrics yet. Raises :class:`MetricsError` for a damaged file."""
+    run_dir = Path(run_dir)
+    parts, covered_to = [], 0
+    for first, last, path in sorted(list_parts(run_dir), key=lambda part: (part[0], -part[1])):
+        if last > covered_to:  # else a wider part holds its rounds (it is being replaced)
+            parts.append((first, last, path))
+            covered_to = last
+    tables = [_read_table(path) for _, _, path in parts]
+    if (run_dir / METRICS_FILE).is_file():
+        compacted = _read_table(run_dir / METRICS_FILE)
+        in_parts = pa.array(sorted({r for first, last, _ in parts for r in range(first, last + 1)}), pa.int64())
+        if parts:  # a compaction that stopped before removing the parts: the parts hold those rounds
+            compacted = compacted.filter(pc.invert(pc.is_in(compacted["round"], in_parts)))
+        tables.insert(0, compacted)
+    if not tables:
+        return None
+    table = pa.concat_tables(tables, promote_options="permissive")
+    return table.take(pc.sort_indices(table, [("round", "ascending")]))
+
+
 def read_metrics(run_dir: str | Path, scope: str = "round") -> list[dict[str, Any]]:
-    """Rows of ``metrics.parquet`` with the given scope (``"round"`` or ``"client"``)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [row for row in pq.read_table(path).to_pylist() if row["scope"] == scope]
+    """Rows of a run's metrics with the given scope (``"round"`` or ``"client"``), by round."""
+    table = read_metrics_table(run_dir)
+    return [] if table is None else [row for row in table.to_pylist() if row["scope"] == scope]
+
+
+def check_metrics_cover(run_dir: str | Path, round: int) -> None:
+    """Raise :class:`MetricsError` unless the run's metric files hold a round row for every round
+    ``1..round`` (what a resume from ``round``'s checkpoint needs); checked before Ray starts."""
+    if round == 0:
+        return
+    try:
+        table = read_metrics_table(run_dir)
+    except MetricsError as error:
+        raise MetricsError(f"cannot resume {run_dir}: {error}; the rows of the rounds it holds cannot be rebuilt") from None
+    have = set() if table is None else {r["round"] for r in table.select(["round", "scope"]).to_pylist() if r["scope"] == "round"}
+    missing = [r for r in range(1, round + 1) if r not in have]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise MetricsError(
+            f"cannot resume {run_dir}: the metrics of round(s) {shown} (up to the checkpoint of round {round}) "
+            f"are missing from {PARTS_DIR}/ and {METRICS_FILE} (deleted?); they cannot be rebuilt"
+        )
 
 
 class MetricsParquet(Callback):
+    """Writes the run's metric rows as described in the module docstring. Holds only the rows since
+    the last checkpoint in memory."""
+
     def __init__(self, min_interval: float = 1.0) -> None:
-        self.rows: list[dict[str, Any]] = []
         self.min_interval = min_interval
+        self.segment: list[dict[str, Any]] = []  # rows since the last checkpoint round
+        self.segment_parts: list[Path] = []  # parts written since then (replaced at the checkpoint)
+        self.unwritten = 0  # rows of the segment not yet in a part
         self._last_write = 0.0
 
     def on_run_start(self, run: RunContext) -> None:
-        path = run.run_dir / METRICS_FILE
-        if run.start_round > 0 and path.is_file():  # resuming: keep what the checkpoint covers
-            self.rows = [r for r in pq.read_table(path).to_pylist() if r["round"] <= run.start_round]
-            run.history.extend(r for r in self.rows if r["scope"] == "round")
+        """Start afresh, or on resume keep the rows the checkpoint covers (rounds <= ``run.start_round``)
+        as one part, drop later ones (they are recomputed) and put the kept round rows into ``run.history``."""
+        table = read_metrics_table(run.run_dir) if run.start_round > 0 else None
+        kept = [] if table is None else [row for row in table.to_pylist() if row["round"] <= run.start_round]
+        old_parts = list_parts(run.run_dir)
+        if kept:
+            whole = self._write_part(run, kept)  # covers every older part that ends by start_round
+            old_parts = [part for part in old_parts if part[2] != whole]
+        for _, _, path in old_parts:
+            path.unlink()
+        (run.run_dir / METRICS_FILE).unlink(missing_ok=True)
+        run.history.extend(row for row in kept if row["scope"] == "round")
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        self.rows.append({"scope": "round", "client_id": None, **row})
-        self.rows.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
-        checkpoint_round = row["round"] % run.config.checkpoint.every == 0
-        if checkpoint_round or time.monotonic() - self._last_write >= self.min_interval:
-            self._write(run)
+        self.segment.append({"scope": "round", "client_id": None, **row})
+        self.segment.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
+        self.unwritten += 1 + len(client_rows)
+        round = row["round"]
+        if round % run.config.checkpoint.every == 0 or round == run.config.train.rounds:
+            self._close_segment(run)
+        elif time.monotonic() - self._last_write >= self.min_interval:
+            self.segment_parts.append(self._write_part(run, self.segment[len(self.segment) - self.unwritten :]))
+            self.unwritten = 0
 
     def on_run_end(self, run: RunContext) -> None:
-        self._write(run)
+        """Compact every part into ``metrics.parquet`` and remove the parts."""
+        if self.segment:
+            self._close_segment(run)
+        table = read_metrics_table(run.run_dir)
+        if table is not None:
+            write_parquet_atomically(table, run.run_dir / METRICS_FILE)
+        shutil.rmtree(run.run_dir / PARTS_DIR, ignore_errors=True)
 
-    def _write(self, run: RunContext) -> None:
-        write_table_atomically(self.rows, run.run_dir / METRICS_FILE)
+    def _close_segment(self, run: RunContext) -> None:
+        """One part for the rows since the last checkpoint round, replacing the parts written since."""
+        self._write_part(run, self.segment)
+        for path in self.segment_parts:
+            path.unlink(missing_ok=True)
+        self.segment, self.segment_parts, self.unwritten = [], [], 0
+
+    def _write_part(self, run: RunContext, rows: list[dict[str, Any]]) -> Path:
+        directory = run.run_dir / PARTS_DIR
+        directory.mkdir(exist_ok=True)
+        path = directory / f"rounds_{rows[0]['round']:06d}-{rows[-1]['round']:06d}.parquet"
+        write_table_atomically(rows, path)
         self._last_write = time.monotonic()
+        return path
