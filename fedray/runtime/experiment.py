@@ -86,11 +86,12 @@ def new_run_dir(config: RunConfig) -> Path:
     return run_dir
 
 
-def prepare_data(config: RunConfig) -> FederatedDataset:
+def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> FederatedDataset:
     """Load and partition the data and build the algorithm once, so that impossible client counts
     and the algorithm's own checks (which need the dataset, e.g. its model's taps) fail as config
-    errors before Ray starts."""
-    data = build_federated_dataset(config.data, config.seed)
+    errors before Ray starts. ``data``: the dataset of ``config.data`` and ``config.seed`` when the
+    caller has it already (a sweep validating many trials of one partition)."""
+    data = data if data is not None else build_federated_dataset(config.data, config.seed)
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
         raise ConfigError(f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition")
