@@ -20,11 +20,13 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import ray
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from fedray.config import ConfigError
 from fedray.tune.progress import SweepProgress
@@ -113,6 +115,9 @@ def make_tune_config(spec: SweepSpec, scheduler: tune.schedulers.TrialScheduler)
 def make_run_config(spec: SweepSpec, sweep_dir: Path, scheduler: tune.schedulers.TrialScheduler, verbose: bool) -> tune.RunConfig:
     results = SweepResults(sweep_dir, spec)
     callbacks = [results, SchedulerState(scheduler), TuneStateRecorder(sweep_dir, experiment_dir(sweep_dir))]
+    # Tune's result.json/progress.csv, which its experiment analysis reads; not its TensorBoard logger
+    # (see _tune_environment)
+    callbacks += [CSVLoggerCallback(), JsonLoggerCallback()]
     if not verbose:
         callbacks.append(SweepProgress(results, spec.num_trials))
     return tune.RunConfig(
@@ -131,11 +136,29 @@ def _trainable(spec: SweepSpec, sweep_dir: Path):
     )
 
 
-def _fit(tuner: tune.Tuner, sweep_dir: Path) -> SweepOutcome:
-    # Tune's own loggers (CSV, JSON, TensorBoard) would duplicate the sweep's files, and its TensorBoard
-    # hint names a directory with no fedray metrics: each trial writes its own TensorBoard files.
-    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    tuner.fit()
+@contextmanager
+def _tune_environment(verbose: bool) -> Iterator[None]:
+    """Tune's switches that are environment variables, set while a sweep runs in this process:
+    no automatic TensorBoard logger (its event files hold no fedray metrics and its console hint
+    names the wrong directory: each trial writes its own, see ``tensorboard_hint``), and, when
+    quiet, Tune's older output engine, whose verbosity 0 prints nothing (the newer one always
+    prints a configuration box)."""
+    settings = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", **({} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"})}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _fit(tuner: tune.Tuner, sweep_dir: Path, verbose: bool) -> SweepOutcome:
+    with _tune_environment(verbose):
+        tuner.fit()
     record_tune_state(sweep_dir, experiment_dir(sweep_dir))
     # Tune returns normally after Ctrl+C too: the writer's statuses tell an interrupted sweep apart
     trials_file = sweep_dir / TRIALS_FILE
@@ -154,7 +177,7 @@ def _connect_and_fit(sweep_dir: Path, spec: SweepSpec, address: str | None, verb
     try:
         started_ray, dashboard_url = connect_ray(address, spec, verbose)
         set_meta_status(sweep_dir, "running", dashboard_url)
-        return _fit(make_tuner(), sweep_dir)
+        return _fit(make_tuner(), sweep_dir, verbose)
     except BaseException:
         set_meta_status(sweep_dir, "failed")
         raise
