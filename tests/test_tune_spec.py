@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from fedray.cli.main import main
 from fedray.config import ConfigError
 from fedray.tune import load_sweep, parse_sweep
 from fedray.tune.results import SweepResults, write_meta
-from fedray.tune.summary import comparison_markdown, top_trials_table
+from fedray.tune.summary import comparison_markdown, errored_trials_table, top_trials_table
 from fedray.tune.trainable import trial_resources
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +108,26 @@ INVALID = [
     ({"metric": "accuracy"}, ["metric", "allowed: test_accuracy, test_loss"]),
     ({"metric": "personal_accuracy"}, ["metric: personal_accuracy needs eval.personalized=true"]),
     ({"scheduler": {"type": "asha", "grace_period": 5}}, ["scheduler.grace_period: 5 must be <= train.rounds (4)"]),
-    ({"scheduler": "hyperband"}, ["scheduler.type", "'fifo' or 'asha'"]),
+    ({"scheduler": "hyperband"}, ["scheduler.type", "'fifo', 'asha' or 'pbt'"]),
+    # the algorithm's own checks (they need the data) run before Ray, naming the trial shape
+    (
+        {"base": {**TINY_BASE, "eval": {"personalized": True}, "data": {"num_clients": 6, "client_test_fraction": 0.25},
+                  "algorithm": {"name": "hetero_ssfl", "architectures": [{"name": "cnn_small"}]}}},
+        ["the trial with data.alpha=0.1", "hetero_ssfl: eval.personalized does not apply"],
+    ),
+    ({"base": {**TINY_BASE, "data": {"num_clients": 2000}}}, ["data.alpha=0.1 has an invalid run config:\n  data.num_clients"]),
+    ({"num_samples": 10**9}, ["num_samples: the sweep has 2,000,000,000 trials", "at most 10,000", "--num-samples"]),
+    (
+        {"space": {f"train.{k}": {"uniform": [0.1, 0.2]} for k in ("lr", "momentum", "weight_decay", "lr_decay", "grad_clip")}
+         | {"data.alpha": {"grid": [0.1 * i for i in range(1, 40)]}}},
+        ["space: 1,248 trial shapes", "at most 1,000"],
+    ),
+    ({"scheduler": "pbt"}, ["scheduler pbt copies the donor's values", "use choice for data.alpha"]),
+    ({"scheduler": "pbt", "space": {"data.alpha": {"choice": [0.1, 0.5]}}}, ["pbt can only change train.* and algorithm.*", "data.alpha"]),
+    (
+        {"scheduler": {"type": "pbt", "perturbation_interval": 3}, "space": {"train.lr": {"loguniform": [0.01, 0.1]}}},
+        ["scheduler.perturbation_interval: 3 must be < train.rounds (4) and a multiple of checkpoint.every (5)"],
+    ),
     ({"search": {"type": "optuna"}}, ["search optuna", "use choice for data.alpha"]),
     ({"num_sample": 3}, ["num_sample: unknown key", "num_samples"]),
     ({"overrides": ["train.lr"]}, ["expected KEY=VALUE"]),
@@ -130,20 +150,99 @@ def test_optuna_search_without_optuna_says_how_to_install_it(tmp_path):
         spec_from(tmp_path, search="optuna", space={"data.alpha": {"choice": [0.1, 0.5]}}, num_samples=4)
 
 
-def test_cli_rejects_an_invalid_sweep_with_exit_code_2_before_ray_starts(tmp_path, monkeypatch, capsys):
+class _Pwned:
+    """Unpickling this creates the file ``path``: a stand-in for code a crafted tuner.pkl would run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def crafted_sweep_dir(tmp_path: Path, meta: dict | None) -> Path:
+    """A folder laid out like a sweep directory whose tuner.pkl runs code when unpickled."""
+    import pickle
+
+    sweep_dir = tmp_path / "crafted"
+    (sweep_dir / "tune" / "crafted").mkdir(parents=True)
+    (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"seed": {"grid": [0]}}}))
+    if meta is not None:
+        (sweep_dir / "meta.json").write_text(json.dumps(meta))
+    (sweep_dir / "tune" / "crafted" / "tuner.pkl").write_bytes(pickle.dumps(_Pwned(str(tmp_path / "pwned"))))
+    return sweep_dir
+
+
+BAD_CLI = [
+    (lambda t: ["tune", str(t / "bad.yaml")], "algorithm.tau: unknown key"),
+    (lambda t: ["tune", "--resume", str(t / "nowhere")], "nowhere is not a fedray sweep directory (it needs meta.json and sweep.yaml)"),
+    (lambda t: ["tune", "--resume", str(crafted_sweep_dir(t, None))], "crafted is not a fedray sweep directory (it needs meta.json"),
+    (lambda t: ["tune", "--resume", str(crafted_sweep_dir(t, {"status": "failed"}))], "meta.json holds no digest of the Tune state"),
+    (
+        lambda t: ["tune", "--resume", str(crafted_sweep_dir(t, {"status": "failed", "tune_state_sha256": {"tuner.pkl": "0" * 64}}))],
+        "the Tune state was not written by fedray (unrecorded or changed: tuner.pkl)",
+    ),
+    (lambda t: ["tune", str(t / "good.yaml"), "--space", "data.alpha=normal:[0, 1]"], "expected KEY=KIND:[VALUES] with KIND one of grid"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--space", "data.alpha=grid:0.5"], "the values must be a YAML list"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--space", "data.alfa=grid:[0.5]"], "data.alfa: unknown key"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--num-samples", "0"], "num_samples: Input should be greater than or equal to 1"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--num-samples", str(10**9)], "at most 10,000"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--max-concurrent", "0"], "max_concurrent_trials"),
+    (lambda t: ["tune", "--resume", str(t), "--space", "seed=grid:[1]"], "--resume takes the sweep directory only"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--trust-tune-state"], "--trust-tune-state goes with --resume"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_CLI, ids=[str(i) for i in range(len(BAD_CLI))])
+def test_bad_tune_inputs_exit_2_with_one_line_before_ray_starts(tmp_path, monkeypatch, capsys, argv, message):
     import ray
 
     def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started for an invalid sweep file")
+        raise AssertionError("Ray was started for invalid input")
 
     monkeypatch.setattr(ray, "init", no_ray)
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"algorithm.tau": {"grid": [0.1]}}}))
-    assert main(["tune", str(bad)]) == 2
-    assert "algorithm.tau: unknown key" in capsys.readouterr().err
-    assert main(["tune", "--resume", str(tmp_path / "nowhere")]) == 2
-    assert "not a resumable fedray sweep" in capsys.readouterr().err
-    assert not list(tmp_path.glob("sweeps*"))  # nothing was created
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"algorithm.tau": {"grid": [0.1]}}}))
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"data.alpha": {"grid": [0.1, 0.5]}}}))
+    args = argv(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("fedray: ") and "Traceback" not in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    assert not (tmp_path / "pwned").exists()  # the crafted tuner.pkl was never unpickled
+
+
+def test_trusted_resume_of_a_crafted_folder_is_the_users_choice(tmp_path):
+    # the crafted pickle would run with --trust-tune-state: this documents what the flag means
+    import pickle
+
+    sweep_dir = crafted_sweep_dir(tmp_path, {"status": "failed"})
+    pickle.loads((sweep_dir / "tune" / "crafted" / "tuner.pkl").read_bytes())
+    assert (tmp_path / "pwned").exists()
+
+
+def test_space_option_and_sizes_replace_the_files_values_and_shadowed_sets_are_named(tmp_path, capsys, monkeypatch):
+    from fedray.tune.spec import parse_space_option, shadowed_overrides
+
+    assert parse_space_option("data.alpha=grid:[0.5]") == ("data.alpha", {"grid": [0.5]})
+    assert parse_space_option("train.lr = loguniform:[1e-3, 0.1]") == ("train.lr", {"loguniform": [1e-3, 0.1]})
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"base": TINY_BASE, "space": {"data.alpha": {"grid": [0.1, 0.5]}}, "num_samples": 2}))
+    spec = load_sweep(sweep, ["data.alpha=0.3", "train.lr=0.2"], ["data.alpha=grid:[0.5]", "train.momentum=uniform:[0, 0.9]"], 3, 2)
+    assert spec.space["data.alpha"].values == [0.5] and spec.space["train.momentum"].kind == "uniform"
+    assert (spec.num_samples, spec.max_concurrent_trials, spec.num_trials) == (3, 2, 3)
+    assert shadowed_overrides(spec, ["data.alpha=0.3", "train.lr=0.2"]) == ["data.alpha=0.3"]
+    # the CLI warns about the shadowed --set (and validates before starting anything)
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", str(sweep), "--set", "data.alpha=0.3"]) == 130
+    err = capsys.readouterr().err
+    assert "warning: --set data.alpha=0.3 is shadowed by the sweep's space (data.alpha: {'grid': [0.1, 0.5]})" in err
+    [sweep_dir] = (tmp_path / "sweeps").iterdir()
+    assert json.loads((sweep_dir / "meta.json").read_text())["status"] == "failed"  # not "running"
 
 
 # ---------------------------------------------------------------------- tune_configs/
@@ -284,22 +383,95 @@ def test_comparison_table_is_mean_and_std_over_seeds_per_algorithm_and_alpha(tmp
             trials.append({"trial_id": trial_id, "status": "TERMINATED", "algorithm.name": algorithm, "data.alpha": alpha, "seed": seed,
                            "best_metric": value, "best_round": 2, "round": 2})
             rounds += [{"trial_id": trial_id, "round": 1, "test_accuracy": 0.1}, {"trial_id": trial_id, "round": 2, "test_accuracy": value}]
+    trials = [{**t, "error": None} for t in trials]
     trials.append({"trial_id": "x", "status": "ERROR", "algorithm.name": "fedavg", "data.alpha": 0.1, "seed": 2,
-                   "best_metric": None, "best_round": None, "round": 0})
+                   "best_metric": None, "best_round": None, "round": 0, "error": "RuntimeError: boom | bang"})
+    trials.append({"trial_id": "y", "status": "ERROR", "algorithm.name": "hetero_ssfl", "data.alpha": 0.5, "seed": 0,
+                   "best_metric": None, "best_round": None, "round": 0, "error": "hetero_ssfl: eval.personalized does not apply"})
     text = comparison_markdown(write_sweep(tmp_path, spec, trials, rounds))
     assert "| algorithm | 0.1 | 0.5 |" in text
-    assert "| fedavg | 60.00% ± 10.00% (n=2) | 80.00% ± 0.00% (n=2) |" in text
+    assert "| fedavg | 60.00% ± 10.00% (n=2); 1 errored | 80.00% ± 0.00% (n=2) |" in text
     assert "| fedprox | 60.00% ± 0.00% (n=2) | 80.00% ± 10.00% (n=2) |" in text
+    # an algorithm whose every trial errored keeps its row, and every errored trial is listed with its error
+    assert "| hetero_ssfl | — | 1 errored |" in text
+    assert "### errored trials (2)" in text
+    assert "| x | fedavg | 0.1 | 2 | RuntimeError: boom \\| bang |" in text
+    assert "| y | hetero_ssfl | 0.5 | 0 | hetero_ssfl: eval.personalized does not apply |" in text
 
 
-def test_top_trials_table_ranks_by_the_sweep_mode(tmp_path):
+def test_top_trials_table_ranks_by_the_sweep_mode_and_prints_integers_as_integers(tmp_path):
     spec = spec_from(tmp_path, metric="test_loss")
-    trials = [{"trial_id": t, "status": "TERMINATED", "data.alpha": a, "best_metric": m, "best_round": 3, "round": 4}
-              for t, a, m in [("t1", 0.1, 0.9), ("t2", 0.5, 0.2), ("t3", 1.0, None)]]
-    text = top_trials_table(write_sweep(tmp_path, spec, trials, []), 5)
+    trials = [{"trial_id": t, "status": s, "data.alpha": a, "best_metric": m, "best_round": b, "round": 4, "error": e}
+              for t, s, a, m, b, e in [("t1", "TERMINATED", 0.1, 0.9, 3, None), ("t2", "TERMINATED", 0.5, 0.2, 7, None),
+                                       ("t3", "ERROR", 1.0, None, None, "ValueError: bad")]]
+    pq.write_table(pa.Table.from_pylist(trials, schema=pa.schema(
+        [("trial_id", pa.string()), ("status", pa.string()), ("data.alpha", pa.float64()), ("best_metric", pa.float64()),
+         ("best_round", pa.int64()), ("round", pa.int64()), ("error", pa.string())])), tmp_path / "trials.parquet")
+    write_meta(tmp_path, spec, "2026-01-01T00:00:00+00:00", None, "finished")
+    text = top_trials_table(tmp_path, 5)
     assert json.loads((tmp_path / "meta.json").read_text())["mode"] == "min"
     lines = text.splitlines()
     assert "t2" in lines[1] and "0.2000" in lines[1] and "t1" in lines[2] and "t3" not in text
+    assert lines[1].split()[-2:] == ["7", "4"] and ".0" not in lines[1].split()[-2]  # best_round, rounds: no "7.0"
+    errored = errored_trials_table(tmp_path)
+    assert "t3" in errored and "ValueError: bad" in errored and "t1" not in errored
+
+
+def test_writer_records_config_errors_as_errors_and_keeps_integer_metrics_integers(tmp_path):
+    from fedray.tune.results import CONFIG_ERROR, read_table
+
+    spec = spec_from(tmp_path)
+    writer = SweepResults(tmp_path, spec)
+    writer.setup()
+    ok = fake_trial("ok", "RUNNING", {"data.alpha": 0.1})
+    bad = fake_trial("bad", "RUNNING", {"data.alpha": 0.5})
+    writer.on_trial_result(0, [ok, bad], ok, tune_result(1, 0.5))
+    writer.on_trial_result(0, [ok, bad], ok, tune_result(2, 0.6, clients=None))  # a metric missing in one round
+    writer.on_trial_result(0, [ok, bad], bad, {"test_accuracy": float("nan"), "round": 0, CONFIG_ERROR: "data.root: not found"})
+    bad.status = "TERMINATED"  # for Tune the trial ended normally: it reported and returned
+    writer.on_trial_complete(0, [ok, bad], bad)
+    rows = {r["trial_id"]: r for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()}
+    assert (rows["bad"]["status"], rows["bad"]["error"], rows["bad"]["round"]) == ("ERROR", "data.root: not found", 0)
+    assert writer.counts() == {"RUNNING": 1, "ERROR": 1} and writer.best() == ("ok", 0.6)
+    rounds = pq.read_table(tmp_path / "rounds.parquet")
+    assert rounds.schema.field("clients").type == pa.int64() and rounds.column("clients").to_pylist() == [3, None]
+    assert str(read_table(tmp_path / "rounds.parquet")["clients"].dtype) == "Int64"
+    assert [r["trial_id"] for r in rounds.to_pylist()] == ["ok", "ok"]  # the config error is no round
+    # the config error survives a resume (Tune's callback state), although Tune calls the trial TERMINATED
+    resumed = SweepResults(tmp_path, spec)
+    resumed.set_state(writer.get_state())
+    resumed.setup()
+    resumed.on_step_end(0, [ok, bad])
+    assert {r["trial_id"]: r["status"] for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()}["bad"] == "ERROR"
+
+
+def test_asha_state_travels_with_the_callback_through_a_pickle(tmp_path):
+    # Tuner.restore unpickles the scheduler and the callbacks from one tuner.pkl, then sets the callbacks'
+    # states from the last experiment checkpoint: the restored callback must update the scheduler Tune uses.
+    import ray.cloudpickle as cloudpickle
+
+    from fedray.tune.schedulers import SchedulerState, make_scheduler
+
+    spec = spec_from(tmp_path, scheduler={"type": "asha", "grace_period": 1}, space={"train.lr": {"grid": [0.1, 0.2]}})
+    scheduler = make_scheduler(spec)
+    scheduler.set_search_properties("test_accuracy", "max")
+    callback = SchedulerState(scheduler)
+    pickled = cloudpickle.dumps({"scheduler": scheduler, "callbacks": [callback]})  # tuner.pkl: before any result
+    trial = SimpleNamespace(trial_id="t1")
+    scheduler.on_trial_add(None, trial)
+    assert scheduler.on_trial_result(None, trial, {"round": 1, "test_accuracy": 0.9}) == "CONTINUE"
+    saved = cloudpickle.loads(cloudpickle.dumps(callback.get_state()))  # the experiment checkpoint
+
+    restored = cloudpickle.loads(pickled)
+    restored["callbacks"][0].set_state(saved)
+    fresh = restored["scheduler"]
+    weak = SimpleNamespace(trial_id="t2")
+    fresh.on_trial_add(None, weak)
+    # with the restored rung (t1: 0.9 at round 1), a 0.1 trial is cut at round 1; a fresh ASHA would keep it
+    assert fresh.on_trial_result(None, weak, {"round": 1, "test_accuracy": 0.1}) == "STOP"
+    empty = cloudpickle.loads(pickled)["scheduler"]
+    empty.on_trial_add(None, weak)
+    assert empty.on_trial_result(None, weak, {"round": 1, "test_accuracy": 0.1}) == "CONTINUE"
 
 
 # ---------------------------------------------------------------------- Tune configuration
@@ -307,11 +479,12 @@ def test_tune_configuration_follows_the_sweep_file(tmp_path):
     from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
+    from fedray.tune.schedulers import make_scheduler
     from fedray.tune.sweep import make_run_config, make_tune_config
 
     spec = spec_from(tmp_path, space={"train.rounds": {"grid": [3, 6]}}, scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 3},
                      max_concurrent_trials=2, max_failures=4, num_samples=2)
-    tune_config = make_tune_config(spec)
+    tune_config = make_tune_config(spec, make_scheduler(spec))
     assert (tune_config.metric, tune_config.mode, tune_config.num_samples) == ("test_accuracy", "max", 2)
     scheduler = tune_config.scheduler
     assert isinstance(scheduler, AsyncHyperBandScheduler)
@@ -319,7 +492,38 @@ def test_tune_configuration_follows_the_sweep_file(tmp_path):
     # the concurrency limit sits on the variant generator (Tune ignores TuneConfig's for it)
     assert isinstance(tune_config.search_alg, BasicVariantGenerator) and tune_config.search_alg.max_concurrent == 2
     assert tune_config.max_concurrent_trials is None
-    assert isinstance(make_tune_config(spec_from(tmp_path)).scheduler, FIFOScheduler)
-    run_config = make_run_config(spec, tmp_path / "s-1")
+    fifo = spec_from(tmp_path)
+    assert isinstance(make_tune_config(fifo, make_scheduler(fifo)).scheduler, FIFOScheduler)
+    run_config = make_run_config(spec, tmp_path / "s-1", scheduler, verbose=False)
     assert (run_config.name, run_config.storage_path) == ("s-1", str(tmp_path / "s-1" / "tune"))
     assert run_config.failure_config.max_failures == 4
+    # quiet by default: fedray's progress line instead of Tune's table; the scheduler's state is saved
+    from fedray.tune.progress import SweepProgress
+    from fedray.tune.schedulers import SchedulerState
+
+    assert run_config.verbose == 0 and any(isinstance(c, SweepProgress) for c in run_config.callbacks)
+    assert next(c for c in run_config.callbacks if isinstance(c, SchedulerState)).scheduler is scheduler
+    verbose = make_run_config(spec, tmp_path / "s-1", scheduler, verbose=True)
+    assert verbose.verbose == 2 and not any(isinstance(c, SweepProgress) for c in verbose.callbacks)
+
+
+def test_pbt_mutates_the_space_and_keeps_perturbed_values_inside_it(tmp_path):
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from fedray.tune.schedulers import KeepInSpace, make_scheduler
+
+    spec = spec_from(
+        tmp_path,
+        base={**TINY_BASE, "train": {"rounds": 6, "clients_per_round": 3}, "checkpoint": {"every": 2}},
+        space={"train.lr": {"loguniform": [0.01, 0.1]}, "train.local_epochs": {"randint": [1, 4]}, "train.optimizer": {"choice": ["sgd", "adam"]}},
+        scheduler={"type": "pbt", "perturbation_interval": 2, "quantile_fraction": 0.5, "synch": True},
+        num_samples=4,
+    )
+    scheduler = make_scheduler(spec)
+    assert isinstance(scheduler, PopulationBasedTraining) and scheduler._synch and scheduler._quantile_fraction == 0.5
+    assert (scheduler._time_attr, scheduler._perturbation_interval) == ("round", 2)
+    assert scheduler._hyperparam_mutations["train.optimizer"] == ["sgd", "adam"]
+    clip = KeepInSpace(spec.space)
+    assert clip({"train.lr": 0.12, "train.local_epochs": 4.4, "train.optimizer": "adam"}) == {
+        "train.lr": 0.1, "train.local_epochs": 3, "train.optimizer": "adam"}
+    assert clip({"train.lr": 0.05, "train.local_epochs": 0.2, "train.optimizer": "sgd"})["train.local_epochs"] == 1

@@ -124,16 +124,19 @@ def new_run_dir(config: RunConfig) -> Path:
     return run_dir
 
 
-def prepare_data(config: RunConfig) -> FederatedDataset:
+def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> FederatedDataset:
     """Load and partition the data and build the algorithm and its model once, so that impossible
     client counts, a model that does not fit the data and the algorithm's own checks (which need the
-    dataset, e.g. its model's taps) fail as config errors before Ray starts."""
-    try:
-        data = build_federated_dataset(config.data, config.seed)
-    except ConfigError:
-        raise
-    except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
-        raise ConfigError(f"invalid config:\n  data: {_first_line(error)}") from None
+    dataset, e.g. its model's taps) fail as config errors before Ray starts. ``data``: the dataset of
+    ``config.data`` and ``config.seed`` when the caller has it already (a sweep validating many trials
+    of one partition)."""
+    if data is None:
+        try:
+            data = build_federated_dataset(config.data, config.seed)
+        except ConfigError:
+            raise
+        except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
+            raise ConfigError(f"invalid config:\n  data: {_first_line(error)}") from None
     if config.data.partition == "shards" and config.data.classes_per_client > data.info.num_classes:
         raise ConfigError(
             f"invalid config:\n  data.classes_per_client: {config.data.classes_per_client} is more than the "

@@ -5,7 +5,9 @@ sweep with pandas/pyarrow and no Ray:
 
 - ``trials.parquet``: one row per trial (``trial_id``, ``status``, one column per swept key named by
   the key, ``round``, ``latest_metric``, ``best_metric``, ``best_round``, ``wall_time_s``, ``run_dir``,
-  ``error``), rewritten whenever a trial appears, reports, changes status or ends;
+  ``error``), rewritten whenever a trial appears, reports, changes status or ends. A trial that failed
+  on its config (:data:`CONFIG_ERROR` in its result, see :func:`fedray.tune.trainable.run_trial`) ends
+  at once, is never retried, and has ``status == "ERROR"`` with the config error's message;
 - ``rounds.parquet``: one row per trial per reported round (``trial_id``, ``round`` and every numeric
   metric of the engine's round row), rewritten whenever a trial reports;
 - ``meta.json``: the sweep's description and status (:func:`write_meta`, :func:`set_meta_status`).
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ray import tune
@@ -39,6 +42,8 @@ META_FILE = "meta.json"
 TRIALS_DIR = "trials"
 
 PENDING, RUNNING, TERMINATED, ERROR, STOPPED_EARLY = "PENDING", "RUNNING", "TERMINATED", "ERROR", "STOPPED_EARLY"
+#: The result key of a trial that failed on its config (its value: the error message).
+CONFIG_ERROR = "fedray_config_error"
 _TRIAL_COLUMNS = {
     "round": pa.int64(),
     "latest_metric": pa.float64(),
@@ -81,12 +86,18 @@ def read_meta(sweep_dir: Path) -> dict[str, Any]:
     return json.loads((sweep_dir / META_FILE).read_text())
 
 
+def update_meta(sweep_dir: Path, **fields: Any) -> None:
+    write_json_atomically({**read_meta(sweep_dir), **fields}, sweep_dir / META_FILE)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A sweep Parquet file as pandas, integer columns kept as (nullable) integers: a column with a
+    missing value must not turn ``best_round`` 7 into ``7.0``."""
+    return pq.read_table(path).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+
 def set_meta_status(sweep_dir: Path, status: str, dashboard_url: str | None = None) -> None:
-    meta = read_meta(sweep_dir)
-    meta["status"] = status
-    if dashboard_url is not None:
-        meta["ray_dashboard_url"] = dashboard_url
-    write_json_atomically(meta, sweep_dir / META_FILE)
+    update_meta(sweep_dir, status=status, **({} if dashboard_url is None else {"ray_dashboard_url": dashboard_url}))
 
 
 def swept_column_type(domain: Domain) -> pa.DataType:
@@ -143,6 +154,7 @@ class SweepResults(tune.Callback):
         self.progress: dict[str, TrialProgress] = {}
         self.rounds: dict[tuple[str, int], dict[str, Any]] = {}
         self.errors: dict[str, str] = {}
+        self.config_errors: dict[str, str] = {}  # trials that failed on their config (Tune: TERMINATED)
         # Trials Tune completed (ran to the end or were stopped by the scheduler). Tune also marks
         # trials TERMINATED when the sweep is interrupted; those are not complete and resume later.
         self.completed: set[str] = set()
@@ -171,7 +183,18 @@ class SweepResults(tune.Callback):
                 if row["error"] is not None:
                     self.errors[row["trial_id"]] = row["error"]
 
+    def get_state(self) -> dict[str, Any]:
+        """Saved with Tune's experiment state: which trials failed on their config."""
+        return {"config_errors": dict(self.config_errors)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.config_errors.update(state.get("config_errors", {}))
+
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        if CONFIG_ERROR in result:
+            self.config_errors[trial.trial_id] = str(result[CONFIG_ERROR])
+            self._write_trials(trials)
+            return
         metrics = engine_metrics(result)
         if "round" not in metrics:
             return
@@ -204,7 +227,7 @@ class SweepResults(tune.Callback):
             self._seen.add(trial.trial_id)
             if trial.status == Trial.TERMINATED:  # finished in an earlier session of a resumed sweep
                 self.completed.add(trial.trial_id)
-        if trial.status == Trial.ERROR:
+        if trial.status == Trial.ERROR or trial.trial_id in self.config_errors:
             return ERROR
         if trial.trial_id in self.completed:
             reported = self.progress.get(trial.trial_id, TrialProgress()).round
@@ -234,7 +257,7 @@ class SweepResults(tune.Callback):
                     progress.best_round,
                     progress.wall_time_s,
                     trial_run_dir(trial.trial_id),
-                    self.errors.get(trial.trial_id) if status == ERROR else None,
+                    self.config_errors.get(trial.trial_id, self.errors.get(trial.trial_id)) if status == ERROR else None,
                 )
             )
         if rows == self._last_written:
@@ -250,13 +273,32 @@ class SweepResults(tune.Callback):
         rows = sorted(self.rounds.values(), key=lambda row: (row["trial_id"], row["round"]))
         names = ["trial_id", "round", *dict.fromkeys(k for row in rows for k in row if k not in ("trial_id", "round"))]
         columns = {name: [row.get(name) for row in rows] for name in names}
-        table = pa.table(
-            {
-                name: pa.array(values, type=pa.string() if name == "trial_id" else pa.int64() if name == "round" else None)
-                for name, values in columns.items()
-            }
-        )
+        table = pa.table({name: pa.array(values, type=_metric_type(name, values)) for name, values in columns.items()})
         write_parquet_atomically(table, self.sweep_dir / ROUNDS_FILE)
+
+    def counts(self) -> dict[str, int]:
+        """Trials per status in the last written ``trials.parquet``."""
+        counts: dict[str, int] = {}
+        for row in self._last_written or []:
+            counts[row[1]] = counts.get(row[1], 0) + 1
+        return counts
+
+    def best(self) -> tuple[str, float] | None:
+        """The best trial so far and its best value of the sweep's metric."""
+        reported = [(trial_id, p.best_metric) for trial_id, p in self.progress.items() if p.best_metric is not None]
+        if not reported:
+            return None
+        pick = max if self.spec.mode == "max" else min
+        return pick(reported, key=lambda item: item[1])
+
+
+def _metric_type(name: str, values: list[Any]) -> pa.DataType:
+    """int64 for ``trial_id``-free integer metrics (``round``, ``clients``, ...), float64 otherwise, so a
+    count stays an integer whichever trials (and missing values) the file holds."""
+    if name == "trial_id":
+        return pa.string()
+    present = [v for v in values if v is not None]
+    return pa.int64() if all(isinstance(v, int) and not isinstance(v, bool) for v in present) else pa.float64()
 
 
 def _error_line(trial: Trial) -> str:

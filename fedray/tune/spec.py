@@ -28,7 +28,9 @@ A trial's run config is built as: base ← ``overrides`` ← ``per_algorithm[<it
 trial's sampled values. Before Ray starts, one run config per trial shape is built and validated: every
 combination of the ``grid``/``choice`` values with the low and the high end of each numeric range, so an
 invalid key, an out-of-range bound or a key that one algorithm of an ``algorithm.name`` grid does not
-have fails with the run config's own message, naming the trial shape.
+have fails with the run config's own message, naming the trial shape. Each shape's data is partitioned
+and its algorithm built as ``fedray run`` does before Ray starts (:func:`fedray.runtime.experiment.prepare_data`),
+so the algorithm's own checks (e.g. Hetero-SSFL refusing ``eval.personalized``) fail here too.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import itertools
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterator, Literal, Union
@@ -51,6 +54,12 @@ DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
 #: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
 METRICS = ("test_accuracy", "test_loss", "train_loss", "personal_accuracy", "personal_accuracy_std")
 SWEEP_FILE = "sweep.yaml"
+#: The most trials one sweep may have: Tune keeps every trial in memory and in its experiment state.
+MAX_TRIALS = 10_000
+#: The most trial shapes validated before Ray starts (each builds its data partition and algorithm).
+MAX_TRIAL_SHAPES = 1_000
+#: Keys PBT may change in the middle of a trial (the others define the data, model or run length).
+PBT_FIXED_KEYS = ("train.rounds", "algorithm.name", "algorithm.architectures", "algorithm.arch_assignment")
 
 
 class _Strict(BaseModel):
@@ -121,11 +130,17 @@ def _value_kind(value: Any) -> str:
 class SchedulerSpec(_Strict):
     """``fifo`` runs every trial to the end; ``asha`` (asynchronous successive halving) stops a trial at
     a rung (``grace_period`` · ``reduction_factor``^k rounds) when its metric is outside the best
-    1/``reduction_factor`` of the trials that reached that rung."""
+    1/``reduction_factor`` of the trials that reached that rung; ``pbt`` (population-based training)
+    every ``perturbation_interval`` rounds restarts a trial of the worst ``quantile_fraction`` from the
+    engine checkpoint of a trial of the best one, with the donor's swept values perturbed."""
 
-    type: Literal["fifo", "asha"] = "fifo"
+    type: Literal["fifo", "asha", "pbt"] = "fifo"
     grace_period: int = Field(2, ge=1, description="asha: rounds every trial runs before it can be stopped")
     reduction_factor: float = Field(2.0, gt=1, description="asha: keep the best 1/reduction_factor at each rung")
+    perturbation_interval: int = Field(2, ge=1, description="pbt: rounds between exploit/explore decisions")
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="pbt: fraction of trials that exploit / are cloned")
+    resample_probability: float = Field(0.25, ge=0, le=1, description="pbt: chance to resample a value instead of x0.8/x1.2")
+    synch: bool = Field(False, description="pbt: wait for every trial at each perturbation (reproducible decisions)")
 
 
 class SearchSpec(_Strict):
@@ -184,6 +199,15 @@ class SweepSpec(_Strict):
             grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
             if grids:
                 raise ValueError(f"search optuna samples the space and takes no grid domain: use choice for {', '.join(grids)}")
+        if self.scheduler.type == "pbt":
+            if self.search.type != "random":
+                raise ValueError("scheduler pbt samples its own population: use search: random")
+            grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
+            if grids:
+                raise ValueError(f"scheduler pbt copies the donor's values into a cloned trial, which a grid cannot express: use choice for {', '.join(grids)}")
+            fixed = [key for key in self.space if key in PBT_FIXED_KEYS or not key.startswith(("train.", "algorithm."))]
+            if fixed:
+                raise ValueError(f"scheduler pbt can only change train.* and algorithm.* hyperparameters during a trial, not {', '.join(fixed)}")
         return self
 
     # ------------------------------------------------------------------ derived facts
@@ -245,12 +269,60 @@ def parse_sweep(raw: dict[str, Any], source: str | Path, base_dir: Path) -> Swee
     return spec
 
 
-def load_sweep(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
-    """Read and validate a sweep file; ``overrides`` are appended to its ``overrides``."""
+def load_sweep(
+    path: str | Path,
+    overrides: list[str] = (),
+    space: list[str] = (),
+    num_samples: int | None = None,
+    max_concurrent_trials: int | None = None,
+) -> SweepSpec:
+    """Read and validate a sweep file; ``overrides`` are appended to its ``overrides``, ``space``
+    (``KEY=KIND:[VALUES]`` strings, see :func:`parse_space_option`) replaces or adds keys of its space,
+    and ``num_samples`` / ``max_concurrent_trials`` replace the file's values when given."""
     path = Path(path)
     raw = read_yaml(path)
     raw["overrides"] = list(raw.get("overrides") or []) + list(overrides)
+    if space:
+        raw["space"] = {**(raw.get("space") or {}), **dict(parse_space_option(option) for option in space)}
+    if num_samples is not None:
+        raw["num_samples"] = num_samples
+    if max_concurrent_trials is not None:
+        raw["max_concurrent_trials"] = max_concurrent_trials
     return parse_sweep(raw, path, path.parent)
+
+
+def parse_space_option(option: str) -> tuple[str, dict[str, Any]]:
+    """``"data.alpha=grid:[0.1, 0.5]"`` -> ``("data.alpha", {"grid": [0.1, 0.5]})`` (the values are YAML)."""
+    key, equals, domain = option.partition("=")
+    kind, colon, values = domain.partition(":")
+    kind = kind.strip()
+    if not equals or not key.strip() or not colon or kind not in DOMAINS:
+        raise ConfigError(
+            f"--space {option!r}: expected KEY=KIND:[VALUES] with KIND one of {', '.join(DOMAINS)}, "
+            "e.g. --space data.alpha=grid:[0.1,0.5] or --space train.lr=loguniform:[0.001,0.1]"
+        )
+    try:
+        parsed = yaml.safe_load(values)
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, list):
+        raise ConfigError(f"--space {option!r}: the values must be a YAML list, e.g. {kind}:[0.1, 0.5]")
+    return key.strip(), {kind: [_number_or_value(value) for value in parsed]}
+
+
+def _number_or_value(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: a command line means the number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def shadowed_overrides(spec: SweepSpec, overrides: list[str]) -> list[str]:
+    """The ``KEY=VALUE`` overrides whose key the space sweeps (the trial's sampled value wins)."""
+    return [override for override in overrides if override.partition("=")[0].strip() in spec.space]
 
 
 def _resolve_paths(spec: SweepSpec) -> None:
@@ -276,13 +348,30 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
             f"invalid sweep file {source}:\n  search: optuna is not installed; pip install 'fedray[optuna]' "
             "(or use search: random)"
         )
+    if spec.num_trials > MAX_TRIALS:
+        raise ConfigError(
+            f"invalid sweep file {source}:\n  num_samples: the sweep has {spec.num_trials:,} trials "
+            f"(num_samples {spec.num_samples} x {spec.num_trials // spec.num_samples:,} grid points); at most "
+            f"{MAX_TRIALS:,} per sweep: lower num_samples (--num-samples) or shrink the grid (--space)"
+        )
+    num_shapes = math.prod(len(d.representative_values()) for d in spec.space.values())
+    if num_shapes > MAX_TRIAL_SHAPES:
+        raise ConfigError(
+            f"invalid sweep file {source}:\n  space: {num_shapes:,} trial shapes to validate (every grid/choice "
+            f"value x both ends of every range); at most {MAX_TRIAL_SHAPES:,}: sweep fewer keys at once"
+        )
+    from fedray.runtime.experiment import prepare_data
+
+    datasets: dict[str, Any] = {}  # trial shapes that differ only outside `data`/`seed` share one partition
     for values in spec.trial_shapes():
         try:
             config = spec.trial_config(values)
+            data_key = json.dumps([config.seed, config.data.model_dump(mode="json")], sort_keys=True)
+            datasets[data_key] = prepare_data(config, datasets.get(data_key))
         except ConfigError as error:
             shape = ", ".join(f"{k}={v!r}" for k, v in values.items())
-            detail = str(error).removeprefix("invalid config:")
-            raise ConfigError(f"invalid sweep file {source}: the trial with {shape} has an invalid run config:{detail}") from None
+            detail = str(error).removeprefix("invalid config:").strip()
+            raise ConfigError(f"invalid sweep file {source}: the trial with {shape} has an invalid run config:\n  {detail}") from None
         if spec.metric.startswith("personal_") and not config.eval.personalized:
             raise ConfigError(
                 f"invalid sweep file {source}:\n  metric: {spec.metric} needs eval.personalized=true "
@@ -292,6 +381,15 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
             raise ConfigError(
                 f"invalid sweep file {source}:\n  scheduler.grace_period: {spec.scheduler.grace_period} must be "
                 f"<= train.rounds ({config.train.rounds})"
+            )
+        interval = spec.scheduler.perturbation_interval
+        if spec.scheduler.type == "pbt" and (
+            interval >= config.train.rounds or interval % config.checkpoint.every or interval % config.eval.every
+        ):
+            raise ConfigError(
+                f"invalid sweep file {source}:\n  scheduler.perturbation_interval: {interval} must be < train.rounds "
+                f"({config.train.rounds}) and a multiple of checkpoint.every ({config.checkpoint.every}) and of "
+                f"eval.every ({config.eval.every}): a trial is cloned from the engine checkpoint of a reported round"
             )
 
 

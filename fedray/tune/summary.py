@@ -1,6 +1,7 @@
 """What ``fedray tune`` prints when a sweep ends, read from the sweep directory's files (no Ray):
-the best trial, the top trials, and — when the sweep's space includes ``algorithm.name`` — the
-algorithm comparison table (also written as ``comparison.md``)."""
+the best trial, the top trials, the errored trials with their errors, and — when the sweep's space
+includes ``algorithm.name`` — the algorithm comparison table (also written as ``comparison.md``), in
+which errored trials are counted and listed, never dropped."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedray.tune.results import ROUNDS_FILE, TERMINATED, TRIALS_FILE, read_meta
+from fedray.tune.results import ERROR, ROUNDS_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE, read_meta, read_table
 
 COMPARISON_FILE = "comparison.md"
 ALGORITHM_KEY = "algorithm.name"
 SEED_KEY = "seed"
 
 
-def _format(metric: str, value: float | None) -> str:
+def format_metric(metric: str, value: float | None) -> str:
     if value is None or pd.isna(value):
         return "n/a"
     return f"{100 * value:.2f}%" if metric.endswith("accuracy") else f"{value:.4f}"
@@ -29,11 +30,11 @@ def ranked_trials(trials: pd.DataFrame, mode: str) -> pd.DataFrame:
 def top_trials_table(sweep_dir: Path, count: int = 5) -> str:
     """A plain-text table of the ``count`` best trials (best value of the sweep's metric)."""
     meta = read_meta(sweep_dir)
-    trials = pd.read_parquet(sweep_dir / TRIALS_FILE)
+    trials = read_table(sweep_dir / TRIALS_FILE)
     ranked = ranked_trials(trials, meta["mode"]).head(count)
     columns = ["trial_id", "status", *meta["swept_keys"], "best_metric", "best_round", "round"]
     shown = ranked[columns].copy()
-    shown["best_metric"] = [_format(meta["metric"], v) for v in shown["best_metric"]]
+    shown["best_metric"] = [format_metric(meta["metric"], v) for v in shown["best_metric"]]
     shown = shown.rename(columns={"best_metric": f"best {meta['metric']}", "round": "rounds"})
     return shown.to_string(index=False)
 
@@ -41,12 +42,12 @@ def top_trials_table(sweep_dir: Path, count: int = 5) -> str:
 def best_trial_lines(sweep_dir: Path) -> list[str]:
     """The best trial's swept values and where its full config is."""
     meta = read_meta(sweep_dir)
-    ranked = ranked_trials(pd.read_parquet(sweep_dir / TRIALS_FILE), meta["mode"])
+    ranked = ranked_trials(read_table(sweep_dir / TRIALS_FILE), meta["mode"])
     if ranked.empty:
         return ["no trial reported a result"]
     best = ranked.iloc[0]
     lines = [
-        f"best trial         {best['trial_id']} ({meta['metric']} {_format(meta['metric'], best['best_metric'])} "
+        f"best trial         {best['trial_id']} ({meta['metric']} {format_metric(meta['metric'], best['best_metric'])} "
         f"at round {int(best['best_round'])})"
     ]
     lines += [f"  {key} = {best[key]}" for key in meta["swept_keys"]]
@@ -54,29 +55,49 @@ def best_trial_lines(sweep_dir: Path) -> list[str]:
     return lines
 
 
+def errored_trials(sweep_dir: Path) -> pd.DataFrame:
+    """The ERROR trials: ``trial_id``, the swept values and ``error``."""
+    meta = read_meta(sweep_dir)
+    trials = read_table(sweep_dir / TRIALS_FILE)
+    return trials.loc[trials["status"] == ERROR, ["trial_id", *meta["swept_keys"], "error"]]
+
+
+def errored_trials_table(sweep_dir: Path) -> str | None:
+    """A plain-text table of the errored trials (None when no trial errored)."""
+    errored = errored_trials(sweep_dir)
+    return None if errored.empty else errored.to_string(index=False)
+
+
 def comparison_markdown(sweep_dir: Path) -> str | None:
     """Algorithms (rows) × the other swept keys except ``seed`` (columns): mean ± std over seeds of
     each completed trial's final value of the sweep's metric (and of ``personal_accuracy`` when the
-    trials report it). None when the sweep's space does not include ``algorithm.name``."""
+    trials report it); a cell with errored trials says how many (``2 errored``), and the errored
+    trials are listed below the tables with their errors. None when the sweep's space does not
+    include ``algorithm.name``."""
     meta = read_meta(sweep_dir)
     if ALGORITHM_KEY not in meta["swept_keys"]:
         return None
-    trials = pd.read_parquet(sweep_dir / TRIALS_FILE)
-    rounds = pd.read_parquet(sweep_dir / ROUNDS_FILE) if (sweep_dir / ROUNDS_FILE).is_file() else pd.DataFrame()
-    completed = trials[trials["status"] == TERMINATED]
-    if completed.empty or rounds.empty:
+    trials = read_table(sweep_dir / TRIALS_FILE)
+    rounds = read_table(sweep_dir / ROUNDS_FILE) if (sweep_dir / ROUNDS_FILE).is_file() else pd.DataFrame()
+    shown = trials[trials["status"].isin([TERMINATED, ERROR])]
+    if shown.empty:
         return None
-    final = rounds.sort_values("round").groupby("trial_id").tail(1).set_index("trial_id")
+    final = (
+        rounds.sort_values("round").groupby("trial_id").tail(1).set_index("trial_id")
+        if not rounds.empty
+        else pd.DataFrame(index=pd.Index([], name="trial_id"))
+    )
     metrics = [meta["metric"]] + [m for m in ("personal_accuracy",) if m in final.columns and m != meta["metric"]]
     columns = [key for key in meta["swept_keys"] if key not in (ALGORITHM_KEY, SEED_KEY)]
     sections = []
     for metric in metrics:
-        table = completed[[ALGORITHM_KEY, *columns]].copy()
-        table["value"] = final[metric].reindex(completed["trial_id"]).to_numpy()
+        table = shown[[ALGORITHM_KEY, *columns]].copy()
+        values = final[metric] if metric in final.columns else pd.Series(dtype=float)
+        table["value"] = values.reindex(shown["trial_id"]).to_numpy(dtype=float, na_value=float("nan"))
+        table["errored"] = (shown["status"] == ERROR).to_numpy()
         table["column"] = table[columns].astype(str).agg(", ".join, axis=1) if columns else "all"
         header = ", ".join(columns) if columns else ""
-        grouped = table.dropna(subset=["value"]).groupby([ALGORITHM_KEY, "column"], sort=True)["value"]
-        cells = grouped.agg(lambda v: f"{_format(metric, v.mean())} ± {_format(metric, v.std(ddof=0))} (n={len(v)})")
+        cells = table.groupby([ALGORITHM_KEY, "column"], sort=True).apply(lambda group: _cell(metric, group))
         pivot = cells.unstack("column").fillna("—")
         lines = [
             f"### final {metric} (mean ± std over seeds)" + (f"; columns: {header}" if header else ""),
@@ -86,7 +107,29 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
         ]
         lines += [f"| {name} | " + " | ".join(row) + " |" for name, row in pivot.iterrows()]
         sections.append("\n".join(lines))
+    errored = errored_trials(sweep_dir)
+    if not errored.empty:
+        keys = list(meta["swept_keys"])
+        lines = [f"### errored trials ({len(errored)})", "", "| trial | " + " | ".join(keys) + " | error |", "|---|" + "---|" * (len(keys) + 1)]
+        lines += [
+            f"| {row['trial_id']} | " + " | ".join(str(row[key]) for key in keys) + f" | {_one_line(row['error'])} |"
+            for _, row in errored.iterrows()
+        ]
+        sections.append("\n".join(lines))
     return f"# {meta['sweep_id']}\n\n" + "\n\n".join(sections) + "\n"
+
+
+def _cell(metric: str, group: pd.DataFrame) -> str:
+    """``mean ± std (n=k)`` of the completed trials, then how many errored."""
+    values = group.loc[~group["errored"], "value"].dropna()
+    parts = [f"{format_metric(metric, values.mean())} ± {format_metric(metric, values.std(ddof=0))} (n={len(values)})"] if len(values) else []
+    if group["errored"].any():
+        parts.append(f"{int(group['errored'].sum())} errored")
+    return "; ".join(parts) or "—"
+
+
+def _one_line(error: str | None) -> str:
+    return str(error or "").replace("|", "\\|").replace("\n", " ")
 
 
 def write_comparison(sweep_dir: Path) -> str | None:
@@ -94,3 +137,11 @@ def write_comparison(sweep_dir: Path) -> str | None:
     if text is not None:
         (sweep_dir / COMPARISON_FILE).write_text(text)
     return text
+
+
+def tensorboard_hint(sweep_dir: Path) -> str | None:
+    """The TensorBoard command for the trials' own event files (None when no trial wrote any)."""
+    trials_dir = sweep_dir / TRIALS_DIR
+    if not any(trials_dir.glob("*/tensorboard")):
+        return None
+    return f"tensorboard        tensorboard --logdir {trials_dir}"

@@ -4,27 +4,38 @@
 ``meta.json``, ``trials.parquet``, ``rounds.parquet``, ``trials/<trial_id>/``, ``tune/``), connects to
 Ray (or starts a local Ray big enough for one trial) and runs a ``tune.Tuner`` whose trials are
 :func:`fedray.tune.trainable.run_trial`. ``resume_sweep`` restores the Tuner from ``tune/``: finished
-trials are kept as they are, unfinished and errored ones continue from their last checkpoint.
+trials are kept as they are, unfinished and errored ones continue from their last checkpoint (trials
+that failed on their config are finished for Tune and are not run again).
+
+Output: quiet by default (:class:`fedray.tune.progress.SweepProgress`); ``verbose`` shows Tune's table
+and the trials' own output. A resumed sweep keeps the output mode of its first session (Tune restores
+the run config from ``tune/``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import ray
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from fedray.config import ConfigError
 from fedray.plugins import job_runtime_env, user_module_paths
-from fedray.tune.results import ERROR, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
-from fedray.tune.spec import SWEEP_FILE, SweepSpec, load_sweep, max_rounds, trial_cpus
+from fedray.tune.progress import SweepProgress
+from fedray.tune.results import ERROR, META_FILE, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
+from fedray.tune.schedulers import SchedulerState, make_scheduler
+from fedray.tune.spec import SWEEP_FILE, SweepSpec, load_sweep, trial_cpus
 from fedray.tune.trainable import run_trial, trial_resources
+from fedray.tune.trust import TuneStateRecorder, record_tune_state, verify_tune_state
 
 TUNE_DIR = "tune"
 
@@ -33,7 +44,7 @@ TUNE_DIR = "tune"
 class SweepOutcome:
     sweep_dir: Path
     status: str  # meta.json's final status: "finished", or "failed" (interrupted, or every trial failed)
-    num_errors: int  # trials that failed past max_failures
+    num_errors: int  # trials that failed past max_failures, or on their config
     num_unfinished: int  # trials left PENDING/RUNNING by an interruption (continue with resume_sweep)
 
 
@@ -49,39 +60,38 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
     return sweep_dir
 
 
-def connect_ray(address: str | None, spec: SweepSpec) -> tuple[bool, str | None]:
+def experiment_dir(sweep_dir: Path) -> Path:
+    """Tune's experiment directory inside the sweep directory."""
+    return sweep_dir / TUNE_DIR / sweep_dir.name
+
+
+def connect_ray(address: str | None, spec: SweepSpec, verbose: bool) -> tuple[bool, str | None]:
     """Connect to ``address``, or start a local Ray with room for at least one trial. Returns whether
-    this call started the connection and the Ray dashboard's URL (None when Ray was already up)."""
+    this call started the connection and the Ray dashboard's URL (None when Ray was already up).
+    Quiet (not ``verbose``): the trials' output is not copied to this terminal (their errors are in
+    ``trials.parquet``) and Ray logs warnings only."""
     if ray.is_initialized():
         return False, None
+    output = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
     address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
     configs = [spec.trial_config(values) for values in spec.trial_shapes()]
     # Tune creates the trial actors without a runtime_env of ours: they inherit the job's, so user code
     # named by the trials (algorithm.name, output.callbacks) is shipped with the job (fedray.plugins).
     runtime_env = job_runtime_env(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
     if address:
-        context = ray.init(address=address, runtime_env=runtime_env)
+        context = ray.init(address=address, runtime_env=runtime_env, **output)
     else:
         largest_trial = max(trial_cpus(config, spec) for config in configs)
         # address="local": never join another Ray that happens to run on this machine
-        context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env)
+        context = ray.init(
+            address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env, **output
+        )
     url = context.dashboard_url or None
     return True, (url if url is None or "://" in url else f"http://{url}")
 
 
 def _trial_dirname(trial) -> str:
     return trial.trial_id
-
-
-def make_scheduler(spec: SweepSpec) -> tune.schedulers.TrialScheduler:
-    if spec.scheduler.type == "fifo":
-        return tune.schedulers.FIFOScheduler()
-    return tune.schedulers.ASHAScheduler(
-        time_attr="round",  # the engine's round, which survives restores (Tune's iteration count restarts)
-        max_t=max_rounds(spec),
-        grace_period=spec.scheduler.grace_period,
-        reduction_factor=spec.scheduler.reduction_factor,
-    )
 
 
 def make_search(spec: SweepSpec) -> tuple[Any, int | None]:
@@ -96,12 +106,12 @@ def make_search(spec: SweepSpec) -> tuple[Any, int | None]:
     return BasicVariantGenerator(random_state=spec.search.seed, max_concurrent=spec.max_concurrent_trials or 0), None
 
 
-def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
+def make_tune_config(spec: SweepSpec, scheduler: tune.schedulers.TrialScheduler) -> tune.TuneConfig:
     search, max_concurrent = make_search(spec)
     return tune.TuneConfig(
         metric=spec.metric,
         mode=spec.mode,
-        scheduler=make_scheduler(spec),
+        scheduler=scheduler,
         search_alg=search,
         num_samples=spec.num_samples,
         max_concurrent_trials=max_concurrent,
@@ -109,14 +119,21 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
     )
 
 
-def make_run_config(spec: SweepSpec, sweep_dir: Path) -> tune.RunConfig:
+def make_run_config(spec: SweepSpec, sweep_dir: Path, scheduler: tune.schedulers.TrialScheduler, verbose: bool) -> tune.RunConfig:
+    results = SweepResults(sweep_dir, spec)
+    callbacks = [results, SchedulerState(scheduler), TuneStateRecorder(sweep_dir, experiment_dir(sweep_dir))]
+    # Tune's result.json/progress.csv, which its experiment analysis reads; not its TensorBoard logger
+    # (see _tune_environment)
+    callbacks += [CSVLoggerCallback(), JsonLoggerCallback()]
+    if not verbose:
+        callbacks.append(SweepProgress(results, spec.num_trials))
     return tune.RunConfig(
         name=sweep_dir.name,
         storage_path=str((sweep_dir / TUNE_DIR).resolve()),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),  # tiny files; no forced snapshots
-        callbacks=[SweepResults(sweep_dir, spec)],
-        verbose=1,
+        callbacks=callbacks,
+        verbose=2 if verbose else 0,
     )
 
 
@@ -126,15 +143,30 @@ def _trainable(spec: SweepSpec, sweep_dir: Path):
     )
 
 
-def _fit(tuner: tune.Tuner, sweep_dir: Path, started_ray: bool) -> SweepOutcome:
+@contextmanager
+def _tune_environment(verbose: bool) -> Iterator[None]:
+    """Tune's switches that are environment variables, set while a sweep runs in this process:
+    no automatic TensorBoard logger (its event files hold no fedray metrics and its console hint
+    names the wrong directory: each trial writes its own, see ``tensorboard_hint``), and, when
+    quiet, Tune's older output engine, whose verbosity 0 prints nothing (the newer one always
+    prints a configuration box)."""
+    settings = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", **({} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"})}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
-        tuner.fit()
-    except BaseException:
-        set_meta_status(sweep_dir, "failed")
-        raise
+        yield
     finally:
-        if started_ray:
-            ray.shutdown()
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _fit(tuner: tune.Tuner, sweep_dir: Path, verbose: bool) -> SweepOutcome:
+    with _tune_environment(verbose):
+        tuner.fit()
+    record_tune_state(sweep_dir, experiment_dir(sweep_dir))
     # Tune returns normally after Ctrl+C too: the writer's statuses tell an interrupted sweep apart
     trials_file = sweep_dir / TRIALS_FILE
     statuses = pd.read_parquet(trials_file, columns=["status"])["status"] if trials_file.is_file() else pd.Series([], dtype=str)
@@ -145,29 +177,56 @@ def _fit(tuner: tune.Tuner, sweep_dir: Path, started_ray: bool) -> SweepOutcome:
     return SweepOutcome(sweep_dir=sweep_dir, status=status, num_errors=num_errors, num_unfinished=num_unfinished)
 
 
-def run_sweep(spec: SweepSpec, address: str | None = None) -> SweepOutcome:
+def _connect_and_fit(sweep_dir: Path, spec: SweepSpec, address: str | None, verbose: bool, make_tuner: Callable[[], tune.Tuner]) -> SweepOutcome:
+    """Connect to Ray, build the Tuner and fit it; anything that escapes (a failed connection or
+    restore, an exception in Tune) leaves ``meta.json`` saying "failed", never "running"."""
+    started_ray = False
+    try:
+        started_ray, dashboard_url = connect_ray(address, spec, verbose)
+        set_meta_status(sweep_dir, "running", dashboard_url)
+        return _fit(make_tuner(), sweep_dir, verbose)
+    except BaseException:
+        set_meta_status(sweep_dir, "failed")
+        raise
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def run_sweep(spec: SweepSpec, address: str | None = None, verbose: bool = False) -> SweepOutcome:
     """Run the sweep ``spec`` (already validated by :func:`fedray.tune.spec.load_sweep`)."""
     sweep_dir = new_sweep_dir(spec)
-    started_ray, dashboard_url = connect_ray(address, spec)
-    write_meta(sweep_dir, spec, datetime.now().astimezone().isoformat(timespec="seconds"), dashboard_url, "running")
-    tuner = tune.Tuner(
-        _trainable(spec, sweep_dir),
-        param_space=spec.param_space(),
-        tune_config=make_tune_config(spec),
-        run_config=make_run_config(spec, sweep_dir),
-    )
-    return _fit(tuner, sweep_dir, started_ray)
+    write_meta(sweep_dir, spec, datetime.now().astimezone().isoformat(timespec="seconds"), None, "running")
+
+    def make_tuner() -> tune.Tuner:
+        scheduler = make_scheduler(spec)
+        return tune.Tuner(
+            _trainable(spec, sweep_dir),
+            param_space=spec.param_space(),
+            tune_config=make_tune_config(spec, scheduler),
+            run_config=make_run_config(spec, sweep_dir, scheduler, verbose),
+        )
+
+    return _connect_and_fit(sweep_dir, spec, address, verbose, make_tuner)
 
 
-def resume_sweep(sweep_dir: str | Path, address: str | None = None) -> SweepOutcome:
-    """Continue the sweep in ``sweep_dir`` without re-running its finished trials."""
+def resume_sweep(
+    sweep_dir: str | Path, address: str | None = None, verbose: bool = False, trust_tune_state: bool = False
+) -> SweepOutcome:
+    """Continue the sweep in ``sweep_dir`` without re-running its finished trials. Refuses a folder
+    whose Tune state fedray did not record (:mod:`fedray.tune.trust`) unless ``trust_tune_state``.
+    Tune keeps the search, scheduler and run config in ``tune/``; only the trainable is given again."""
     sweep_dir = Path(sweep_dir).resolve()
-    experiment = sweep_dir / TUNE_DIR / sweep_dir.name
-    if not (sweep_dir / SWEEP_FILE).is_file() or not tune.Tuner.can_restore(str(experiment)):
-        raise ConfigError(f"{sweep_dir} is not a resumable fedray sweep (it needs {SWEEP_FILE} and {TUNE_DIR}/{sweep_dir.name}/)")
+    if not (sweep_dir / META_FILE).is_file() or not (sweep_dir / SWEEP_FILE).is_file():
+        raise ConfigError(f"{sweep_dir} is not a fedray sweep directory (it needs {META_FILE} and {SWEEP_FILE})")
+    experiment = experiment_dir(sweep_dir)
+    if not (experiment / "tuner.pkl").is_file():
+        raise ConfigError(f"{sweep_dir} is not a resumable fedray sweep (it needs {TUNE_DIR}/{sweep_dir.name}/tuner.pkl)")
+    if not trust_tune_state:
+        verify_tune_state(sweep_dir, experiment)
     spec = load_sweep(sweep_dir / SWEEP_FILE)
-    started_ray, dashboard_url = connect_ray(address, spec)
-    set_meta_status(sweep_dir, "running", dashboard_url)
-    # Tune keeps the search, scheduler and run config in tune/; only the trainable is given again
-    tuner = tune.Tuner.restore(str(experiment), _trainable(spec, sweep_dir), resume_unfinished=True, resume_errored=True)
-    return _fit(tuner, sweep_dir, started_ray)
+
+    def make_tuner() -> tune.Tuner:
+        return tune.Tuner.restore(str(experiment), _trainable(spec, sweep_dir), resume_unfinished=True, resume_errored=True)
+
+    return _connect_and_fit(sweep_dir, spec, address, verbose, make_tuner)

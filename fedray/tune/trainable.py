@@ -19,11 +19,21 @@ the trial's run directory, a small Tune checkpoint naming that round. The last r
 simulation has ended (see :class:`TuneReporter`). A trial that Tune restores (a
 retry after a crash, or ``fedray tune --resume``) continues from the engine's latest checkpoint in
 its run directory (``run_experiment(resume=True)``) and first re-reports the rounds Tune has not seen.
+
+Population-based training (``scheduler: pbt``): each Tune checkpoint also carries a copy of the engine's
+state at that round (the checkpoint file, ``metrics.parquet`` and ``client_state/``), so a trial that
+Tune restarts from *another* trial's checkpoint with a perturbed config (an exploit) continues from
+that donor's round: its run directory is reset to the donor's state and the exploit is recorded in
+``exploits.json`` (round, donor trial, new values).
+
+A trial that fails on its config (:class:`ConfigError`, e.g. data missing on the trial's node) reports
+the error as its only result and ends: a deterministic error is never retried.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -32,17 +42,22 @@ import ray
 from ray import tune
 from ray.util.placement_group import get_current_placement_group
 
-from fedray.config import RunConfig
+from fedray.config import ConfigError, RunConfig
 from fedray.runtime import list_checkpoints, run_experiment
+from fedray.runtime.checkpoint import checkpoint_dir
 from fedray.runtime.experiment import SUMMARY_FILE, default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
-from fedray.tune.results import engine_metrics, trial_run_dir
+from fedray.tune.results import CONFIG_ERROR, engine_metrics, trial_run_dir
 from fedray.tune.spec import SweepSpec
 
 SERVER_BUNDLE = 0
 FIRST_WORKER_BUNDLE = 1
 CHECKPOINT_FILE = "fedray_checkpoint.json"
 PLACEMENT_FILE = "placement.json"
+EXPLOITS_FILE = "exploits.json"
+METRICS_FILE = "metrics.parquet"
+CLIENT_STATE_DIR = "client_state"
+ENGINE_STATE_DIR = "engine"  # inside a Tune checkpoint: the engine state a PBT exploit clones
 
 
 def trial_bundles(config: RunConfig, driver_cpus: float) -> list[dict[str, float]]:
@@ -73,8 +88,9 @@ class TuneReporter(Callback):
     directory is complete (``summary.json``, final plots) only once ``run_experiment`` returns.
     """
 
-    def __init__(self, metric: str, reported_round: int, last_round: int) -> None:
+    def __init__(self, metric: str, reported_round: int, last_round: int, copy_engine_state: bool = False) -> None:
         self.metric = metric
+        self.copy_engine_state = copy_engine_state  # PBT: Tune checkpoints carry the engine state
         self.reported_round = reported_round  # rounds up to here are already in Tune's records
         self.checkpointed_round = reported_round
         self.last_round = last_round
@@ -101,7 +117,10 @@ class TuneReporter(Callback):
         checkpoints = [round for round, _ in list_checkpoints(run_dir) if round <= row["round"]]
         if checkpoints and checkpoints[-1] > self.checkpointed_round:
             with tempfile.TemporaryDirectory() as directory:
-                Path(directory, CHECKPOINT_FILE).write_text(json.dumps({"round": checkpoints[-1]}))
+                trial_id = tune.get_context().get_trial_id()
+                Path(directory, CHECKPOINT_FILE).write_text(json.dumps({"round": checkpoints[-1], "trial_id": trial_id}))
+                if self.copy_engine_state:
+                    copy_engine_state(run_dir, checkpoints[-1], Path(directory, ENGINE_STATE_DIR))
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
             self.checkpointed_round = checkpoints[-1]
         else:
@@ -131,13 +150,45 @@ class PlacementRecord(Callback):
             raise RuntimeError(f"workers {outside} run outside the trial's placement group {record['placement_group_id']}")
 
 
-def _tune_checkpoint_round() -> int:
-    """The engine round of the Tune checkpoint this trial was restored from (0: a fresh start)."""
+def copy_engine_state(run_dir: Path, round: int, target: Path) -> None:
+    """Copy what a run needs to continue after ``round`` (the round's checkpoint file(s), the metrics
+    and the client state) from ``run_dir`` to ``target`` (laid out like a run directory)."""
+    checkpoint_file = next(path for r, path in list_checkpoints(run_dir) if r == round)
+    (target / checkpoint_file.parent.name).mkdir(parents=True)
+    for path in checkpoint_file.parent.glob(checkpoint_file.name + "*"):  # the file and any sidecar
+        shutil.copy2(path, target / checkpoint_file.parent.name / path.name)
+    if (run_dir / METRICS_FILE).is_file():
+        shutil.copy2(run_dir / METRICS_FILE, target / METRICS_FILE)
+    if (run_dir / CLIENT_STATE_DIR).is_dir():
+        shutil.copytree(run_dir / CLIENT_STATE_DIR, target / CLIENT_STATE_DIR)
+
+
+def adopt_engine_state(source: Path, run_dir: Path, round: int, donor: str, values: dict[str, Any]) -> None:
+    """Reset ``run_dir`` to the engine state copied by :func:`copy_engine_state` from the trial
+    ``donor`` (a PBT exploit) and record the exploit in ``exploits.json``."""
+    for stale in (checkpoint_dir(run_dir), run_dir / CLIENT_STATE_DIR):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in (run_dir / METRICS_FILE, run_dir / SUMMARY_FILE):
+        stale.unlink(missing_ok=True)
+    shutil.copytree(source, run_dir, dirs_exist_ok=True)
+    exploits_file = run_dir / EXPLOITS_FILE
+    exploits = json.loads(exploits_file.read_text()) if exploits_file.is_file() else []
+    exploits.append({"round": round, "donor": donor, "values": values})
+    exploits_file.write_text(json.dumps(exploits, indent=2))
+
+
+def restore_from_tune_checkpoint(run_dir: Path, values: dict[str, Any]) -> int:
+    """The engine round of the Tune checkpoint this trial starts from (0: a fresh start). A checkpoint
+    of another trial (a PBT exploit) first replaces this trial's engine state with the donor's."""
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
         return 0
     with checkpoint.as_directory() as directory:
-        return int(json.loads(Path(directory, CHECKPOINT_FILE).read_text())["round"])
+        record = json.loads(Path(directory, CHECKPOINT_FILE).read_text())
+        donor = record.get("trial_id")
+        if donor is not None and donor != tune.get_context().get_trial_id():
+            adopt_engine_state(Path(directory, ENGINE_STATE_DIR), run_dir, int(record["round"]), donor, values)
+        return int(record["round"])
 
 
 def _finished(run_dir: Path, config: RunConfig) -> bool:
@@ -146,10 +197,20 @@ def _finished(run_dir: Path, config: RunConfig) -> bool:
 
 
 def run_trial(values: dict[str, Any], *, spec: SweepSpec, sweep_dir: str) -> None:
-    """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``."""
-    config = spec.trial_config({key: values[key] for key in spec.swept_keys})
-    run_dir = Path(sweep_dir) / trial_run_dir(tune.get_context().get_trial_id())
-    reporter = TuneReporter(spec.metric, _tune_checkpoint_round(), config.train.rounds)
+    """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``.
+    A :class:`ConfigError` ends the trial with the error as its result (see the module docstring)."""
+    try:
+        _run_trial(values, spec, Path(sweep_dir))
+    except ConfigError as error:
+        tune.report({spec.metric: float("nan"), "round": 0, CONFIG_ERROR: str(error).removeprefix("invalid config:").strip()})
+
+
+def _run_trial(values: dict[str, Any], spec: SweepSpec, sweep_dir: Path) -> None:
+    swept = {key: values[key] for key in spec.swept_keys}
+    config = spec.trial_config(swept)
+    run_dir = sweep_dir / trial_run_dir(tune.get_context().get_trial_id())
+    start_round = restore_from_tune_checkpoint(run_dir, swept)
+    reporter = TuneReporter(spec.metric, start_round, config.train.rounds, copy_engine_state=spec.scheduler.type == "pbt")
     if _finished(run_dir, config):
         # The sweep stopped after this simulation ended but before Tune recorded it: report, don't re-run.
         for row in read_metrics(run_dir, "round"):
