@@ -17,13 +17,12 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
 from test_dashboard_data import (
+    serve,
     synthetic_round_rows,
     trial_row,
     write_meta,
@@ -119,17 +118,6 @@ def page(browser):
     yield page
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
-
-
-@contextmanager
-def serve(path: Path) -> Iterator[DashboardServer]:
-    server = DashboardServer(path, port=0, refresh_seconds=0.5)
-    server.start_in_thread()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def open_dashboard(page, server: DashboardServer) -> None:
