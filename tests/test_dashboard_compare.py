@@ -103,7 +103,7 @@ def test_group_by_algorithm_and_alpha_averages_over_seeds(comparison):
 def test_no_group_key_puts_each_quantity_in_one_group():
     trials = [{"trial_id": "a", "status": "TERMINATED", "metric_name": "m", "latest_metric": 1.0, "best_metric": 2.0},
               {"trial_id": "b", "status": "RUNNING", "metric_name": "m", "latest_metric": 3.0, "best_metric": 4.0}]
-    [group] = group_trials(trials, [], "min")
+    [group] = group_trials(trials, [], "min", "m")
     assert group["label"] == "all trials" and group["final"] == {"mean": 2.0, "std": 1.0, "n": 2} and group["best_group"]
 
 

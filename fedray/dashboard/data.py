@@ -249,14 +249,14 @@ def sort_key(value: Any) -> tuple:
     return (1, 0, str(value))
 
 
-def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str) -> list[dict[str, Any]]:
+def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric: str) -> list[dict[str, Any]]:
     """The comparison table: trials grouped by their values of the keys ``by`` (averaging over every other
     swept key, e.g. ``seed``) and by the quantity their metric measures (never averaged together).
 
     Each group: ``values`` (of ``by``), ``metric_name``, ``label``, ``trial_ids`` (trials that count),
     ``failed`` (trials that ended without finishing: not counted), ``final`` and ``best`` (mean ± std of
     ``latest_metric`` and ``best_metric``) and ``best_group`` (the best mean final value among groups of the
-    same quantity). Groups are ordered by their values.
+    same quantity). Groups are ordered by their values, the sweep's own ``metric`` before other quantities.
     """
     groups: dict[tuple, dict[str, Any]] = {}
     for trial in trials:
@@ -265,7 +265,7 @@ def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str) -> list
         group = groups.setdefault(key, {"values": values, "metric_name": trial["metric_name"], "trial_ids": [], "failed": []})
         group["failed" if trial.get("status") in FAILED_STATUSES else "trial_ids"].append(trial["trial_id"])
     by_id = {t["trial_id"]: t for t in trials}
-    ordered = sorted(groups.values(), key=lambda g: ([sort_key(g["values"][k]) for k in by], g["metric_name"]))
+    ordered = sorted(groups.values(), key=lambda g: ([sort_key(g["values"][k]) for k in by], g["metric_name"] != metric, g["metric_name"]))
     for group in ordered:
         members = [by_id[i] for i in group["trial_ids"]]
         group["final"] = mean_std([t.get("latest_metric") for t in members])
@@ -800,7 +800,7 @@ class DashboardData:
         keys = [key for key in dict.fromkeys(by) if key in overview.swept_keys]
         with self.lock:
             rounds = self._rounds
-        table = group_trials(overview.trials, keys, overview.mode)
+        table = group_trials(overview.trials, keys, overview.mode, overview.metric)
         for group in table:
             group["curve"] = band(rounds[rounds["trial_id"].isin(group["trial_ids"])], metric, self.max_curve_points)
         return json_safe({"by": keys, "metric": overview.metric, "mode": overview.mode, "curve_metric": metric, "groups": table})
