@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
 from test_dashboard_data import (
+    serve,
     synthetic_round_rows,
     trial_row,
+    write_comparison_sweep,
     write_meta,
     write_run_dir,
     write_sweep_from_runs,
@@ -119,17 +121,6 @@ def page(browser):
     yield page
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
-
-
-@contextmanager
-def serve(path: Path) -> Iterator[DashboardServer]:
-    server = DashboardServer(path, port=0, refresh_seconds=0.5)
-    server.start_in_thread()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def open_dashboard(page, server: DashboardServer) -> None:
@@ -289,12 +280,109 @@ def test_fedray_tune_writes_what_the_dashboard_reads(real_sweep):
     overview = data.overview()
     assert overview.kind == "sweep" and overview.messages == []  # nothing missing, nothing unreadable
     assert overview.swept_keys == list(SPACE) and len(overview.trials) == 2
+    assert overview.categorical_keys == list(SPACE)  # grid and choice, read from the sweep.yaml that fedray tune wrote
     for trial in overview.trials:
         assert trial["status"] == "TERMINATED" and trial["round"] == ROUNDS and trial["run_dir"] == f"trials/{trial['trial_id']}"
         view = data.run_view(trial["trial_id"])
         assert view["messages"] == [] and view["run_dir"] == trial["run_dir"]
         assert len(view["curves"]["test_accuracy"]["round"]) == ROUNDS and view["clients"]["num_clients"] == CLIENTS_PER_ROUND
         assert data.curves([trial["trial_id"]], overview.metric)["curves"][trial["trial_id"]]["value"] == view["curves"]["test_accuracy"]["value"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparison views, failures (sweep files written directly, no Ray)
+
+
+def plot_data(page, div: str) -> list[dict]:
+    return page.evaluate("(id) => document.getElementById(id).data.map((t) => ({name: t.name, fill: t.fill || null, n: t.x.length}))", div)
+
+
+def group_rows(page) -> list[list[str]]:
+    return page.evaluate("[...document.querySelectorAll('#groups-table tbody tr')].map((tr) => [...tr.cells].map((td) => td.textContent))")
+
+
+@needs_browser
+def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
+    sweep = tmp_path / "compare-20260102-030405"
+    ids = write_comparison_sweep(sweep, running=("fedavg", 0.5, 1))
+    best = ids[("fedsc", 0.5, 0)]
+    write_run_dir(sweep / "trials" / best, [f"output.dir={sweep / 'trials'}", f"output.name={best}", "algorithm.name=fedsc", "data.alpha=0.5"], [0.3, 0.8])
+    with serve(sweep) as server:
+        open_dashboard(page, server)
+        wait_count(page, "#trials-table tbody tr", 12)
+        # seed is swept: the page groups by the other listed-value keys and averages over seeds
+        page.wait_for_selector("#groups-section:not([hidden])")
+        checked = page.evaluate("[...document.querySelectorAll('#group-by input:checked')].map((i) => i.value)")
+        assert checked == ["algorithm.name", "data.alpha"]
+        wait_count(page, "#groups-table tbody tr", 6)
+        rows = group_rows(page)
+        assert rows[0] == ["", "fedavg", "0.1", "test_accuracy", "2", "57.95 ± 0.95", "61.00 ± 1.00", ""]
+        assert rows[3][:6] == ["★", "fedsc", "0.5", "test_accuracy", "1", "76.00 ± 0.00"] and rows[3][-1] == "1"  # one failed, not averaged
+        assert [r[1:4] for r in rows if r[0] == "★"] == [["fedsc", "0.5", "test_accuracy"], ["hetero_ssfl", "0.5", "probe_accuracy"]]
+        assert "| fedavg | 0.1 | test_accuracy | 2 | 57.95 ± 0.95 |" in page.text_content("#groups-markdown")
+        traces = plot_data(page, "curves-plot")  # per group: lower edge, upper edge filled to it, mean
+        assert len(traces) == 18 and [t["fill"] for t in traces[:3]] == [None, "tonexty", None]
+        assert traces[2]["name"] == "fedavg α=0.1 [test_accuracy] (n=2)"
+
+        # categorical axes: the grid values as ticks; the log-uniform learning rate as a range
+        dims = page.evaluate("document.getElementById('parcoords-plot').data[0].dimensions.map((d) => [d.label, d.ticktext || null])")
+        assert dims[:3] == [["algorithm.name", ["fedavg", "fedsc", "hetero_ssfl"]], ["data.alpha (α)", ["0.1", "0.5"]], ["seed", ["0", "1"]]]
+        assert dims[3][1] is None
+        assert page.evaluate("document.getElementById('scatter-seed').layout.xaxis.type") == "category"
+
+        # the best trial is ranked among supervised accuracies only; the probe's best is marked apart
+        assert page.evaluate("document.querySelector('#trials-table tr.best').dataset.trialId") == best
+        assert page.evaluate("document.querySelector('#trials-table tr.best-other').dataset.trialId") == ids[("hetero_ssfl", 0.5, 1)]
+        page.wait_for_selector("#best-config:not([hidden])")
+        assert page.inner_text("#best-summary").startswith("★ fedsc α=0.5 seed=0 lr=0.007")
+        # the errored trial: failed, with its error in the table
+        errored = f"#trials-table tr[data-trial-id='{ids[('fedsc', 0.5, 1)]}']"
+        assert page.inner_text(f"{errored} td.status-ERROR") == "ERROR" and "prototypes of class 3" in page.inner_text(f"{errored} td.error-cell")
+        assert page.is_visible("#ray-link") and page.is_visible("#ray-token") and "ray get-auth-token" in page.inner_text("#ray-token")
+        screenshot(page, "dashboard_compare_grouped.png")
+
+        page.uncheck("#group-by input[value='algorithm.name']")  # by α only: supervised and probe groups stay apart
+        page.wait_for_function("document.querySelectorAll('#groups-table tbody tr').length === 4")
+        assert [r[1:3] for r in group_rows(page)] == [["0.1", "test_accuracy"], ["0.1", "probe_accuracy"], ["0.5", "test_accuracy"], ["0.5", "probe_accuracy"]]
+
+        page.uncheck("#group-by input[value='data.alpha']")  # no grouping: one curve per trial, named by its values
+        page.wait_for_selector("#groups-section", state="hidden")
+        page.click("[data-select='all']")
+        wait_count(page, "#curves-plot .scatterlayer .trace", 12)
+        names = [t["name"] for t in plot_data(page, "curves-plot")]
+        assert "★ fedsc α=0.5 seed=0 lr=0.007" in names and "★ hetero_ssfl α=0.5 seed=1 lr=0.012 [probe_accuracy]" in names
+        assert not any("train_0" in name for name in names)
+        screenshot(page, "dashboard_compare_trials.png")
+
+        write_meta(sweep, ["algorithm.name", "data.alpha", "seed", "train.lr"], 12, status="failed", ray_dashboard_url="http://127.0.0.1:8265")
+        page.wait_for_function("document.getElementById('sweep-status').textContent === 'failed'")
+        assert not page.is_visible("#ray-link") and not page.is_visible("#ray-token")  # the sweep's Ray is gone
+        running = f"#trials-table tr[data-trial-id='{ids[('fedavg', 0.5, 1)]}']"
+        assert page.inner_text(f"{running} td.status-INTERRUPTED") == "INTERRUPTED"
+
+
+@needs_browser
+def test_folder_of_runs_of_different_algorithms_with_a_crashed_run(page, tmp_path):
+    runs = tmp_path / "runs"
+    write_run_dir(runs / "fedavg-1", ["algorithm.name=fedavg"], [0.3, 0.5, 0.6])
+    write_run_dir(runs / "fedsc-1", ["algorithm.name=fedsc", "algorithm.tau=0.1"], [0.35, 0.6, 0.7])
+    write_run_dir(runs / "fedsc-2", ["algorithm.name=fedsc", "algorithm.tau=0.5"], [0.3, 0.4], finished=False)
+    then = time.time() - 3 * 3600  # crashed three hours ago: no summary.json, no file written since
+    for path in [runs / "fedsc-2", *(runs / "fedsc-2").iterdir()]:
+        os.utime(path, (then, then))
+    with serve(runs) as server:
+        open_dashboard(page, server)
+        wait_count(page, "#trials-table tbody tr", 3)
+        headers = page.evaluate("[...document.querySelectorAll('#trials-table th')].map((th) => th.dataset.key)")
+        assert [h for h in headers if h.startswith("algorithm.")] == ["algorithm.name", "algorithm.tau"]  # not every FedSC default
+        assert page.inner_text("#trials-table tr[data-trial-id='fedsc-2'] td.status-STALLED") == "STALLED"
+        assert "fedray run --resume" in page.inner_text("#trials-table tr[data-trial-id='fedsc-2'] td.error-cell")
+        wait_count(page, "#curves-plot .scatterlayer .trace", 3)
+        assert sorted(t["name"] for t in plot_data(page, "curves-plot")) == ["fedavg", "fedsc τ=0.5", "★ fedsc τ=0.1"]
+        assert page.evaluate("document.getElementById('scatter-algorithm.tau').layout.xaxis.type") == "category"
+        tau = page.evaluate("document.getElementById('parcoords-plot').data[0].dimensions[1]")
+        assert tau["ticktext"] == ["0.1", "0.5", "n/a"] and tau["values"] == [2, 0, 1]  # FedAvg has no τ: "n/a", not a value
+        screenshot(page, "dashboard_runs_folder.png")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ import pytest
 
 from fedray.cli.main import main as fedray_main
 from fedray.config import load_config, save_config
+from fedray.dashboard import DashboardServer
 from fedray.dashboard.data import (
     DashboardData,
     as_new_run_config,
@@ -82,6 +84,62 @@ def synthetic_round_rows(accuracies: list[float]) -> list[dict[str, Any]]:
     return [{"round": i, "test_accuracy": a, "test_loss": 1.0 - a, "train_loss": 2.0 / i, "seconds": 0.5} for i, a in enumerate(accuracies, 1)]
 
 
+@contextmanager
+def serve(path: Path, **options: Any) -> Iterator[DashboardServer]:
+    """A real dashboard server on 127.0.0.1 and a free port, in a thread; the page checks every 0.5 s."""
+    server = DashboardServer(path, port=0, **{"refresh_seconds": 0.5, **options})
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+COMPARISON_SPACE = {"algorithm.name": {"grid": ["fedavg", "fedsc", "hetero_ssfl"]}, "data.alpha": {"grid": [0.1, 0.5]},
+                    "seed": {"grid": [0, 1]}, "train.lr": {"loguniform": [0.001, 0.1]}}
+
+
+def comparison_accuracies(algorithm: str, alpha: float, seed: int) -> list[float]:
+    """Made-up 4-round accuracy curves with known means: algorithms ordered fedavg < fedsc, α=0.5 above α=0.1,
+    seed 1 above seed 0 by 0.02; hetero_ssfl's (a linear probe's accuracy) is the highest number of all."""
+    top = {"fedavg": 0.6, "fedsc": 0.7, "hetero_ssfl": 0.85}[algorithm] + (0.1 if alpha == 0.5 else 0.0) + 0.02 * seed
+    return [round(top * f, 6) for f in (0.4, 0.7, 1.0, 0.95)]
+
+
+def write_comparison_sweep(sweep_dir: Path, status: str = "running", errored: tuple = ("fedsc", 0.5, 1), running: tuple | None = None,
+                           ray_dashboard_url: str | None = "http://127.0.0.1:8265") -> dict[tuple, str]:
+    """A sweep like ``tune_configs/compare_algorithms.yaml`` (algorithms × α × seed, a log-uniform lr), 12 trials
+    of 4 rounds in the sweep directory contract (``sweep.yaml``, ``meta.json``, ``trials.parquet``,
+    ``rounds.parquet``): hetero_ssfl trials also report ``probe_accuracy``; the trial ``errored``
+    (algorithm, α, seed) failed at round 2 with an error, the trial ``running`` has reported 3 rounds.
+    Returns the trial ids by (algorithm, α, seed)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "sweep.yaml").write_text(json.dumps({"name": "compare", "space": COMPARISON_SPACE, "metric": "test_accuracy", "mode": "max"}))
+    write_meta(sweep_dir, list(COMPARISON_SPACE), 12, status=status, ray_dashboard_url=ray_dashboard_url)
+    trial_rows, round_rows, ids = [], [], {}
+    shapes = [(a, alpha, seed) for a in COMPARISON_SPACE["algorithm.name"]["grid"] for alpha in (0.1, 0.5) for seed in (0, 1)]
+    for index, (algorithm, alpha, seed) in enumerate(shapes):
+        trial_id = f"train_{index:05d}"
+        ids[(algorithm, alpha, seed)] = trial_id
+        rows = synthetic_round_rows(comparison_accuracies(algorithm, alpha, seed))
+        if (algorithm, alpha, seed) in (errored, running):
+            rows = rows[: 2 if (algorithm, alpha, seed) == errored else 3]
+        if algorithm == "hetero_ssfl":
+            rows = [{**r, "probe_accuracy": r["test_accuracy"]} for r in rows]
+        swept = {"algorithm.name": algorithm, "data.alpha": alpha, "seed": seed, "train.lr": 0.001 * (1 + index)}
+        row = trial_row(trial_id, swept, rows)
+        if (algorithm, alpha, seed) == errored:
+            row.update(status="ERROR", error="ValueError: fedsc: the prototypes of class 3 are empty")
+        if (algorithm, alpha, seed) == running:
+            row.update(status="RUNNING")
+        trial_rows.append(row)
+        round_rows += [{"trial_id": trial_id, **r} for r in rows]
+    write_table_atomically(trial_rows, sweep_dir / "trials.parquet")
+    write_table_atomically(round_rows, sweep_dir / "rounds.parquet")
+    return ids
+
+
 @pytest.fixture
 def sweep_dir(tmp_path) -> Path:
     """A finished 3-trial sweep over τ and α (trial t1 is the best) with each trial's run directory."""
@@ -140,10 +198,12 @@ def test_summarize_curve_golden_values():
     assert summarize_curve([1], [None], "max") == {"round": 1, "latest_metric": None, "best_metric": None, "best_round": None}
 
 
-def test_differing_keys_ignore_output_location():
+def test_differing_keys_ignore_output_location_and_other_algorithms_defaults():
     configs = [{"data": {"alpha": 0.1, "name": "digits"}, "algorithm": {"name": "fedavg"}, "output": {"dir": "a", "name": "x"}},
                {"data": {"alpha": 1.0, "name": "digits"}, "algorithm": {"name": "fedprox", "mu": 0.1}, "output": {"dir": "b", "name": "y"}}]
-    assert differing_keys(configs) == ["data.alpha", "algorithm.name", "algorithm.mu"]
+    assert differing_keys(configs) == ["algorithm.name", "data.alpha"]  # μ is FedProx's default: not varied
+    configs.append({"data": {"alpha": 1.0, "name": "digits"}, "algorithm": {"name": "fedprox", "mu": 0.5}, "output": {}})
+    assert differing_keys(configs) == ["algorithm.name", "data.alpha", "algorithm.mu"]  # varied among the FedProx runs
 
 
 def test_best_config_is_runnable_and_does_not_point_into_the_sweep(tmp_path):
@@ -322,7 +382,8 @@ def test_single_run_directory_is_one_trial(tmp_path):
     overview = data.overview()
     assert overview.kind == "run" and overview.swept_keys == []
     assert overview.trials == [{"trial_id": "fedavg-digits-1", "status": "TERMINATED", "round": 3, "latest_metric": 0.7, "best_metric": 0.8,
-                                "best_round": 2, "wall_time_s": 12.5, "run_dir": ".", "error": None}]
+                                "best_round": 2, "wall_time_s": 12.5, "run_dir": ".", "error": None, "metric_name": "test_accuracy",
+                                "label": "fedavg-digits-1"}]
     assert data.run_view("fedavg-digits-1")["clients"]["num_clients"] == 3
 
 

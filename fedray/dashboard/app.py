@@ -7,14 +7,25 @@ Endpoints (all GET):
 - ``/api/version`` → ``{"version"}``: only stats files; the page polls it and fetches the rest when it changes;
 - ``/api/overview`` → the trials table, swept keys, metric, best trial and its config (:class:`Overview`);
 - ``/api/curves?metric=M&trial=ID&trial=ID...`` → downsampled metric-vs-round curves of those trials;
+- ``/api/groups?by=KEY&by=KEY...&metric=M`` → the comparison table (mean ± std per group of trials that
+  share the values of those swept keys) and each group's mean ± std band of M round by round;
 - ``/api/run?trial=ID[&round=R]`` → one run's curves, per-client distribution at round R, config;
 - ``/api/file?trial=ID&name=partition.png`` → one of a run directory's figures or its ``config.yaml``.
+
+Safety: only files inside the served folder are read, after resolving links (:mod:`fedray.dashboard.data`);
+a request whose ``Host`` header is not this server's address and port is refused (DNS rebinding: a web page
+of another site must not read the dashboard through a name that resolves to 127.0.0.1); responses carry no
+absolute path; the listen backlog is :attr:`DashboardServer.request_queue_size`, a connection that does not
+send its request within ``request_timeout`` seconds is closed, and at most ``max_threads`` requests are
+handled at once (further connections wait in the backlog).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import mimetypes
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,19 +51,63 @@ def plotly_js_path() -> Path:
     return path
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
 class DashboardServer(ThreadingHTTPServer):
-    """Serves the dashboard of one folder; ``port=0`` picks a free port (see :attr:`url`)."""
+    """Serves the dashboard of one folder; ``port=0`` picks a free port (see :attr:`url`).
+
+    ``allowed_hosts``: names besides 127.0.0.1, localhost, [::1] (and ``host`` itself when it is a
+    specific address) that the ``Host`` header may carry, e.g. the machine's name when serving with
+    ``--host 0.0.0.0``. ``request_timeout``: seconds a connection may take to send its request.
+    ``max_threads``: requests handled at once.
+    """
 
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog (the standard library's 5 drops connections of a busy page)
 
-    def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 0, refresh_seconds: float = 2.0) -> None:
+    def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 0, refresh_seconds: float = 2.0,
+                 allowed_hosts: list[str] | tuple[str, ...] = (), request_timeout: float = 10.0, max_threads: int = 32) -> None:
         missing = sorted(name for name in STATIC_FILES if not (STATIC_DIR / name).is_file())
         if missing:
             raise RuntimeError(f"this fedray installation lacks the dashboard's page ({', '.join(missing)} in {STATIC_DIR}); reinstall it with its package data")
+        if max_threads < 1 or request_timeout <= 0:
+            raise ValueError(f"max_threads must be >= 1 and request_timeout > 0, got {max_threads} and {request_timeout}")
         self.data = DashboardData(path)
         self.plotly_js = plotly_js_path()
         self.refresh_seconds = refresh_seconds
+        self.request_timeout = request_timeout
+        self.max_threads = max_threads
+        self.handler_slots = threading.BoundedSemaphore(max_threads)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), DashboardHandler)
+        names = [*LOOPBACK_NAMES, *allowed_hosts] + ([] if is_wildcard(host) else [f"[{host}]" if ":" in host else host])
+        port = self.server_address[1]
+        self.allowed_hosts = {f"{name.lower()}:{port}" for name in names}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a new thread once fewer than ``max_threads`` are busy (the accept loop
+        waits meanwhile, and new connections queue in the backlog)."""
+        self.handler_slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.handler_slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.handler_slots.release()
 
     @property
     def url(self) -> str:
@@ -70,7 +125,15 @@ class DashboardServer(ThreadingHTTPServer):
 class DashboardHandler(BaseHTTPRequestHandler):
     server: DashboardServer
 
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout  # applied to the socket by StreamRequestHandler.setup
+        super().setup()
+
     def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host not in self.server.allowed_hosts:
+            self.send_error_json(HTTPStatus.FORBIDDEN, f"Host {host[:100]!r} is not this dashboard's address; open {self.server.url}")
+            return
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         data = self.server.data
@@ -94,6 +157,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 self.send_json({**data.overview().to_json(), "refresh_seconds": self.server.refresh_seconds})
             elif url.path == "/api/curves":
                 self.send_json(data.curves(query.get("trial", []), first(query, "metric") or data.overview().metric))
+            elif url.path == "/api/groups":
+                self.send_json(data.groups(query.get("by", []), first(query, "metric") or data.overview().metric))
             elif url.path == "/api/run":
                 round_text = first(query, "round")
                 client_round = int(round_text) if round_text and round_text.lstrip("-").isdigit() else None
@@ -109,9 +174,9 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 self.send_error_json(HTTPStatus.NOT_FOUND, f"no page {url.path!r}")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away mid-response
-        except Exception as error:  # a bug must show on the page, not kill the request thread silently
+        except Exception as error:  # a bug must show on the page (without its paths), and in full in the terminal
             self.log_error("%s while serving %s: %r", type(error).__name__, self.path, error)
-            self.send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}")
+            self.send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__} in the dashboard server (details in its terminal)")
 
     def send_json(self, payload: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
         body = json.dumps(payload, allow_nan=False, default=str).encode()

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ METRICS_FILE = "metrics.parquet"
 SUMMARY_FILE = "summary.json"
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
 RUN_FILES = ("config.yaml", "partition.png", "learning_curve.png", "summary.json")
+#: The files whose change means a run made progress (metrics arrive as Parquet parts while it runs).
+RUN_PROGRESS_FILES = (CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)
 
 DEFAULT_METRIC = "test_accuracy"
 MAX_CURVE_POINTS = 500
@@ -55,6 +58,17 @@ TRIAL_COLUMNS = ("trial_id", "status", "round", "latest_metric", "best_metric", 
 NON_METRIC_COLUMNS = {"trial_id", "round", "scope", "client_id"}
 # Config keys that differ between any two runs and say nothing about the method.
 IGNORED_CONFIG_KEYS = {"output.dir", "output.name"}
+ALGORITHM_KEY = "algorithm.name"
+# Symbols of the hyperparameters in trial labels (``fedsc τ=0.1 M=3 α=0.5``); other keys go by their last part.
+SYMBOLS = {"algorithm.tau": "τ", "algorithm.num_neighbors": "M", "algorithm.beta": "β", "algorithm.mu": "μ", "data.alpha": "α"}
+# Statuses of a trial that ended without finishing: no final value, shown as failed with their error.
+FAILED_STATUSES = ("ERROR", "INTERRUPTED", "STALLED")
+# A run (or a sweep that says "running") whose files have not changed for longer than
+# max(STALE_AFTER_S, STALE_ROUNDS × its slowest round) is taken for dead (crashed, killed, machine lost).
+STALE_AFTER_S = 600.0
+STALE_ROUNDS = 5
+# Searches whose keys take a few listed values: their axes are categories, not ranges.
+CATEGORICAL_DOMAINS = ("grid", "choice")
 
 Kind = Literal["sweep", "run", "runs", "empty", "missing"]
 
@@ -70,16 +84,17 @@ class Overview:
     """Everything the page's header, trials table, parallel coordinates and best-config panel show."""
 
     kind: Kind
-    path: str
-    title: str
+    title: str  # the folder's name (absolute paths are never sent to the page)
     version: str
     metric: str
     mode: Literal["max", "min"]
     swept_keys: list[str]
     trials: list[dict[str, Any]]
     round_metrics: list[str]  # numeric columns of the round rows, for the curve's metric menu
-    best_trial: str | None
-    best_config: str | None  # the best trial's config.yaml, verbatim
+    best_trial: str | None  # best among the trials whose metric is the sweep's own quantity (``metric``)
+    best_config: str | None  # the best trial's config.yaml, ready for ``fedray run``
+    categorical_keys: list[str] = field(default_factory=list)  # swept keys drawn on categorical axes
+    best_by_metric: dict[str, str] = field(default_factory=dict)  # quantity (``metric_name``) → its best trial
     status: str | None = None  # the sweep's meta.json status
     num_trials: int | None = None  # trials the sweep will run (meta.json), when known
     started_at: str | None = None
@@ -142,7 +157,8 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int = MAX_CURVE_POINTS)
 
 def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
     """The ``trial_id`` with the best finite ``best_metric`` (largest for ``mode="max"``, smallest for
-    ``"min"``); the first such trial in table order on ties; None if no trial has reported."""
+    ``"min"``); the first such trial in table order on ties; None if no trial has reported. The trials
+    must report the same quantity (see :func:`best_by_metric`)."""
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
     sign = 1.0 if mode == "max" else -1.0
@@ -152,6 +168,138 @@ def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
         if isinstance(value, (int, float)) and math.isfinite(value) and sign * value > best_score:
             best_id, best_score = trial["trial_id"], sign * value
     return best_id
+
+
+def metric_name(metric: str, reported: set[str]) -> str:
+    """The quantity a trial's ``metric`` column measures, given the round metrics it ``reported``.
+
+    Self-supervised algorithms (``hetero_ssfl``, ``fedavg_byol``) report a linear probe's accuracy as
+    ``test_accuracy`` too, next to ``probe_accuracy``; it is not the supervised model's test accuracy, so
+    such trials are ranked and averaged apart from the others."""
+    return "probe_accuracy" if metric == "test_accuracy" and "probe_accuracy" in reported else metric
+
+
+def best_by_metric(trials: list[dict[str, Any]], mode: str) -> dict[str, str]:
+    """The best trial of each quantity (the trials' ``metric_name``): trials are ranked only against
+    trials whose metric measures the same thing."""
+    names = list(dict.fromkeys(t["metric_name"] for t in trials))
+    best = {name: select_best_trial([t for t in trials if t["metric_name"] == name], mode) for name in names}
+    return {name: trial_id for name, trial_id in best.items() if trial_id is not None}
+
+
+def format_value(value: Any) -> str:
+    """A swept value for reading: numbers to 4 significant digits (``0.30000000000000004`` → ``0.3``)."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if isinstance(value, bool) else "–"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def key_symbols(keys: list[str]) -> dict[str, str]:
+    """How each key is named in labels: its symbol (τ, M, β, μ, α), else its last part (``train.lr`` → ``lr``),
+    else (two keys with the same last part, e.g. ``data.name`` and ``model.name``) the whole key."""
+    short = {key: SYMBOLS.get(key, key.rsplit(".", 1)[-1]) for key in keys}
+    taken = [name for name in short.values()]
+    return {key: name if taken.count(name) == 1 else key for key, name in short.items()}
+
+
+def trial_label(values: dict[str, Any], keys: list[str]) -> str:
+    """A trial named by its swept values: ``fedsc τ=0.1 M=3 α=0.5`` (the algorithm's name bare and first,
+    keys that do not apply to the trial, i.e. None, left out)."""
+    names = key_symbols(keys)
+    parts = [format_value(values[ALGORITHM_KEY])] if values.get(ALGORITHM_KEY) is not None and ALGORITHM_KEY in keys else []
+    parts += [f"{names[key]}={format_value(values.get(key))}" for key in keys if key != ALGORITHM_KEY and values.get(key) is not None]
+    return " ".join(parts)
+
+
+def label_trials(trials: list[dict[str, Any]], keys: list[str]) -> None:
+    """Set each trial's ``label`` (:func:`trial_label`); labels that would be equal (or empty) get the
+    trial id, so a legend never shows two identical names."""
+    labels = [trial_label(t, keys) for t in trials]
+    for trial, label in zip(trials, labels):
+        unique = label and labels.count(label) == 1
+        trial["label"] = label if unique else f"{label} ({trial['trial_id']})" if label else trial["trial_id"]
+
+
+def stale_after(longest_round_s: float | None) -> float:
+    """Seconds without a file change after which an unfinished run counts as dead."""
+    return max(STALE_AFTER_S, STALE_ROUNDS * (longest_round_s or 0.0))
+
+
+def format_duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def mean_std(values: list[float]) -> dict[str, Any]:
+    """``{"mean", "std", "n"}`` of the finite ``values``; the std is the population std (ddof=0), as in
+    ``comparison.md`` (0 for one value); None for no value."""
+    finite = np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], dtype=np.float64)
+    if not len(finite):
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": float(finite.mean()), "std": float(finite.std()), "n": int(len(finite))}
+
+
+def sort_key(value: Any) -> tuple:
+    """Orders swept values: numbers by value, then text, None last."""
+    if value is None:
+        return (2, 0, "")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0, str(value))
+
+
+def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric: str) -> list[dict[str, Any]]:
+    """The comparison table: trials grouped by their values of the keys ``by`` (averaging over every other
+    swept key, e.g. ``seed``) and by the quantity their metric measures (never averaged together).
+
+    Each group: ``values`` (of ``by``), ``metric_name``, ``label``, ``trial_ids`` (trials that count),
+    ``failed`` (trials that ended without finishing: not counted), ``final`` and ``best`` (mean ± std of
+    ``latest_metric`` and ``best_metric``) and ``best_group`` (the best mean final value among groups of the
+    same quantity). Groups are ordered by their values, the sweep's own ``metric`` before other quantities.
+    """
+    groups: dict[tuple, dict[str, Any]] = {}
+    for trial in trials:
+        values = {key: trial.get(key) for key in by}
+        key = (tuple(repr(values[k]) for k in by), trial["metric_name"])
+        group = groups.setdefault(key, {"values": values, "metric_name": trial["metric_name"], "trial_ids": [], "failed": []})
+        group["failed" if trial.get("status") in FAILED_STATUSES else "trial_ids"].append(trial["trial_id"])
+    by_id = {t["trial_id"]: t for t in trials}
+    ordered = sorted(groups.values(), key=lambda g: ([sort_key(g["values"][k]) for k in by], g["metric_name"] != metric, g["metric_name"]))
+    for group in ordered:
+        members = [by_id[i] for i in group["trial_ids"]]
+        group["final"] = mean_std([t.get("latest_metric") for t in members])
+        group["best"] = mean_std([t.get("best_metric") for t in members])
+        group["label"] = trial_label(group["values"], by) or "all trials"
+    if len({g["metric_name"] for g in ordered}) > 1:  # the quantity tells groups of equal values apart
+        for group in ordered:
+            group["label"] = f"{group['label']} [{group['metric_name']}]"
+    sign = 1.0 if mode == "max" else -1.0
+    for name in dict.fromkeys(g["metric_name"] for g in ordered):
+        scored = [g for g in ordered if g["metric_name"] == name and g["final"]["mean"] is not None]
+        best = max(scored, key=lambda g: sign * g["final"]["mean"], default=None)
+        for group in ordered:
+            if group["metric_name"] == name:
+                group["best_group"] = group is best
+    return ordered
+
+
+def band(rounds: pd.DataFrame, metric: str, max_points: int) -> dict[str, Any]:
+    """Mean ± std over trials, round by round, of ``metric`` in ``rounds`` (rows of several trials):
+    ``{"round", "mean", "std", "n"}``, downsampled like a curve (the rounds kept are those
+    :func:`downsample` keeps for the mean)."""
+    values = pd.to_numeric(rounds[metric], errors="coerce") if metric in rounds.columns else pd.Series(dtype=float)
+    frame = pd.DataFrame({"round": rounds["round"].to_numpy(), "value": values.to_numpy()}).dropna()
+    if frame.empty:
+        return {"round": [], "mean": [], "std": [], "n": []}
+    stats = frame.groupby("round")["value"].agg(["mean", lambda v: float(np.std(v)), "count"]).sort_index()
+    stats.columns = ["mean", "std", "n"]
+    x = stats.index.to_numpy()
+    kept, _ = downsample(np.arange(len(x)), stats["mean"].to_numpy(), max_points)
+    return {"round": x[kept], "mean": stats["mean"].to_numpy()[kept], "std": stats["std"].to_numpy()[kept], "n": stats["n"].to_numpy()[kept]}
 
 
 def summarize_curve(rounds: list[int], values: list[float | None], mode: str) -> dict[str, Any]:
@@ -181,11 +329,16 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
-    """The flattened config keys whose values are not the same in every config (in first-seen order),
-    except the run's output location."""
+    """The flattened config keys whose values differ between the configs that have them (in first-seen
+    order, ``algorithm.name`` first), except the run's output location.
+
+    A key only some configs have (an algorithm's own hyperparameter, e.g. ``algorithm.tau`` of FedSC in a
+    folder that also holds FedAvg runs) counts only if it differs among those configs: a folder of runs of
+    different algorithms shows the algorithm and what was varied, not every algorithm's defaults."""
     flats = [flatten_config(c) for c in configs]
     keys = list(dict.fromkeys(k for flat in flats for k in flat))
-    return [k for k in keys if k not in IGNORED_CONFIG_KEYS and len({repr(flat.get(k)) for flat in flats}) > 1]
+    keys = [k for k in keys if k not in IGNORED_CONFIG_KEYS and len({repr(flat[k]) for flat in flats if k in flat}) > 1]
+    return sorted(keys, key=lambda k: k != ALGORITHM_KEY)
 
 
 def numeric_columns(frame: pd.DataFrame) -> list[str]:
@@ -224,28 +377,61 @@ def detect_kind(path: Path) -> Kind:
 
 
 def subdirectories(path: Path) -> list[Path]:
+    """The visible subdirectories of ``path`` that are really inside it: a link to a directory elsewhere
+    is left out (the dashboard shows only what is in the folder it was started on)."""
     try:
-        return sorted(child for child in path.iterdir() if child.is_dir() and not child.name.startswith("."))
+        children = sorted(child for child in path.iterdir() if child.is_dir() and not child.name.startswith("."))
     except OSError:
         return []
+    root = path.resolve()
+    return [child for child in children if inside(child, root) is not None]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Cached, fault-tolerant file reads
 
 
+def inside(path: Path, root: Path) -> Path | None:
+    """``path`` with every symbolic link resolved, or None when that leads outside ``root`` (itself
+    resolved): the dashboard never reads or serves what a link inside the folder points at elsewhere."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    return resolved if resolved == root or resolved.is_relative_to(root) else None
+
+
+def shown_path(path: Path, root: Path) -> str:
+    """``path`` as the page shows it: relative to the served folder and starting with its name, never
+    absolute (the page may be seen by others than the person who started the server)."""
+    try:
+        return str(Path(root.name) / path.relative_to(root))
+    except ValueError:
+        return path.name
+
+
 class FileCache:
     """Parsed file contents keyed by path and ``(mtime_ns, size)``: a file is parsed again only when
     it changed. If a file that was read before cannot be parsed now (half-written by a non-atomic
-    copy), the last good contents are returned with a warning instead of an error."""
+    copy), the last good contents are returned with a warning instead of an error. Only files inside
+    ``root`` (after resolving links) are read."""
 
-    def __init__(self, max_entries: int = 512) -> None:
+    def __init__(self, root: Path, max_entries: int = 512) -> None:
+        self.root = root
         self.max_entries = max_entries
         self.entries: OrderedDict[tuple[Path, Callable], tuple[tuple[int, int], Any]] = OrderedDict()
 
     def read(self, path: Path, parse: Callable[[Path], Any], messages: list[Message]) -> Any | None:
-        """The parsed file, or None if it does not exist or was never readable (a message says why).
-        ``parse`` is part of the key, so pass a module-level function, not a new lambda each call."""
+        """The parsed file, or None if it does not exist, leads outside the folder or was never readable
+        (a message says why). ``parse`` is part of the key, so pass a module-level function, not a new
+        lambda each call."""
+        if not path.exists():
+            return None
+        resolved = inside(path, self.root)
+        if resolved is None:
+            messages.append(Message("warning", f"{shown_path(path, self.root)} is a link to outside the served folder; it is ignored."))
+            return None
+        path = resolved
         stamp = file_stamp(path)
         if stamp is None:
             return None
@@ -258,10 +444,11 @@ class FileCache:
             value = parse(path)
         except Exception as error:  # any parse failure of a half-written file is reported, not raised
             reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            reason = reason.replace(str(path), path.name).replace(str(self.root), self.root.name)  # readers name the absolute path
             if cached is not None:
                 messages.append(Message("warning", f"{path.name} could not be read ({reason}); showing its last good contents. It is probably being written or copied."))
                 return cached[1]
-            messages.append(Message("error", f"{path} could not be read ({reason}). Is it half-written or copied incompletely?"))
+            messages.append(Message("error", f"{shown_path(path, self.root)} could not be read ({reason}). Is it half-written or copied incompletely?"))
             return None
         self.entries[key] = (stamp, value)
         while len(self.entries) > self.max_entries:
@@ -316,17 +503,22 @@ def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 class DashboardData:
     """Reads one folder (sweep, run, or folder of runs) on demand; thread-safe, cheap when nothing changed.
 
-    ``version()`` only stats files; ``overview()``, ``curves()`` and ``run_view()`` parse what changed
-    since the last call.
+    ``version()`` only stats files; ``overview()``, ``curves()``, ``groups()`` and ``run_view()`` parse
+    what changed since the last call. Nothing outside the folder is read: links that lead out of it are
+    ignored (see :func:`inside`).
     """
 
     def __init__(self, path: str | Path, max_curve_points: int = MAX_CURVE_POINTS) -> None:
         self.root = Path(path).expanduser().resolve()
         self.max_curve_points = max_curve_points
-        self.cache = FileCache()
+        self.cache = FileCache(self.root)
         self.lock = threading.Lock()
         self._overview: Overview | None = None
         self._rounds: pd.DataFrame = pd.DataFrame(columns=["trial_id", "round"])
+        self._longest_round: dict[str, float] = {}  # per unit watched for staleness ("" = the sweep), from the last overview
+
+    def shown(self, path: Path) -> str:
+        return shown_path(path, self.root)
 
     # -- change detection -------------------------------------------------------------------------
 
@@ -334,14 +526,32 @@ class DashboardData:
         """The files whose change means the overview changed. (A trial's ``config.yaml`` is written when
         it starts, before it reports a metric, so the best trial's config needs no watching.)"""
         if kind == "sweep":
-            return [self.root / META_FILE, self.root / TRIALS_FILE, self.root / ROUNDS_FILE]
-        return [d / name for d in self.run_dirs(kind) for name in (CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)]
+            return [self.root / name for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_SPEC_FILE)]
+        return [d / name for d in self.run_dirs(kind) for name in RUN_PROGRESS_FILES]
+
+    def idle_seconds(self, paths: list[Path]) -> float | None:
+        """Seconds since the newest of ``paths`` last changed (None if none exists)."""
+        stamps = [file_stamp(p) for p in paths]
+        newest = max((s[0] for s in stamps if s is not None), default=None)
+        return None if newest is None else max(0.0, time.time() - newest / 1e9)
+
+    def is_stale(self, unit: str, paths: list[Path]) -> bool:
+        """Whether ``paths`` (a sweep's files, or one run's) have not changed for longer than
+        :func:`stale_after` of the unit's slowest round."""
+        idle = self.idle_seconds(paths)
+        return idle is not None and idle > stale_after(self._longest_round.get(unit))
 
     def version(self) -> str:
-        """A fingerprint of the watched files (and the folder's kind); it changes when any of them does."""
+        """A fingerprint of the watched files (and the folder's kind); it changes when any of them does,
+        and when a running sweep or run goes stale."""
         kind = detect_kind(self.root)
-        stamps = [(str(p.relative_to(self.root)), file_stamp(p)) for p in self.watched_files(kind)]
-        return f"{kind}:{hashlib.sha1(repr(stamps).encode()).hexdigest()[:16]}"
+        watched = self.watched_files(kind)
+        stamps = [(str(p.relative_to(self.root)), file_stamp(p)) for p in watched]
+        if kind == "sweep":
+            stale = [self.is_stale("", watched)]
+        else:
+            stale = [self.is_stale(d.name, [d / n for n in RUN_PROGRESS_FILES]) for d in self.run_dirs(kind)]
+        return f"{kind}:{hashlib.sha1(repr((stamps, stale)).encode()).hexdigest()[:16]}"
 
     # -- the overview --------------------------------------------------------------------------------
 
@@ -364,26 +574,48 @@ class DashboardData:
 
     def _base(self, kind: Kind, version: str, **fields: Any) -> Overview:
         defaults: dict[str, Any] = dict(
-            kind=kind, path=str(self.root), title=self.root.name, version=version, metric=DEFAULT_METRIC, mode="max",
+            kind=kind, title=self.root.name, version=version, metric=DEFAULT_METRIC, mode="max",
             swept_keys=[], trials=[], round_metrics=[], best_trial=None, best_config=None,
         )
         return Overview(**{**defaults, **fields})
 
     def _empty_overview(self, kind: Kind, version: str) -> Overview:
         self._rounds = pd.DataFrame(columns=["trial_id", "round"])
+        name = self.root.name
         if kind == "missing":
             what = "is not a directory" if self.root.exists() else "does not exist (any more)"
-            text = f"{self.root} {what}. Give a sweep directory, a fedray run directory or a folder of runs."
+            text = f"{name} {what}. Give a sweep directory, a fedray run directory or a folder of runs."
             return self._base(kind, version, messages=[Message("error", text)])
         sweeps = [d.name for d in subdirectories(self.root) if is_sweep_dir(d)]
         if sweeps:
-            text = f"{self.root} holds sweep directories, not one sweep: open one of them ({', '.join(sweeps[:10])}{', ...' if len(sweeps) > 10 else ''})."
+            text = f"{name} holds sweep directories, not one sweep: open one of them ({', '.join(sweeps[:10])}{', ...' if len(sweeps) > 10 else ''})."
         else:
             text = (
-                f"Nothing to show yet in {self.root}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {CONFIG_FILE}/{METRICS_FILE} "
+                f"Nothing to show yet in {name}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {CONFIG_FILE}/{METRICS_FILE} "
                 "(a run) and no run directories inside. This page updates by itself when a sweep or run starts writing here."
             )
         return self._base(kind, version, messages=[Message("info" if not sweeps else "warning", text)])
+
+    def _finish(self, kind: Kind, version: str, trials: list[dict[str, Any]], metric: str, mode: str, swept_keys: list[str],
+                messages: list[Message], **fields: Any) -> Overview:
+        """What sweeps and runs share: labels, the best trial of each quantity, the failed-trials message."""
+        label_trials(trials, swept_keys)
+        best = best_by_metric(trials, mode)
+        best_trial = best.get(metric, next(iter(best.values()), None))
+        if len(best) > 1:
+            others = ", ".join(f"{name} ({best[name]})" for name in best if name != metric)
+            messages.append(Message("info", f"Some trials report a different quantity as {metric} ({', '.join(n for n in best if n != metric)}: "
+                                            f"a linear probe's accuracy, not a supervised one); they are ranked among themselves. Best of those: {others}."))
+        failed = [t for t in trials if t["status"] in FAILED_STATUSES]
+        if failed:
+            listed = "; ".join(f"{t['trial_id']} ({t['status']}): {t['error']}" for t in failed[:5])
+            messages.append(Message("error", f"{len(failed)} of {len(trials)} trials failed — {listed}{' ...' if len(failed) > 5 else ''}"))
+        rounds_metrics = numeric_columns(self._rounds)
+        return self._base(
+            kind, version, metric=metric, mode=mode, swept_keys=swept_keys, trials=json_safe(trials), round_metrics=rounds_metrics,
+            best_trial=best_trial, best_by_metric=best, best_config=self._best_config(best_trial, trials, messages), messages=messages,
+            **fields,
+        )
 
     def _sweep_overview(self, version: str) -> Overview:
         messages: list[Message] = []
@@ -424,16 +656,41 @@ class DashboardData:
             rounds = None
         self._rounds = rounds if rounds is not None else pd.DataFrame(columns=["trial_id", "round"])
         self._rounds = self._rounds.astype({"trial_id": str})
+        probed = set(self._rounds.loc[self._rounds["probe_accuracy"].notna(), "trial_id"]) if "probe_accuracy" in self._rounds.columns else set()
+        for trial in trials:
+            trial["metric_name"] = metric_name(metric, {"probe_accuracy"} if trial["trial_id"] in probed else set())
 
-        best_trial = select_best_trial(trials, mode)
-        return self._base(
-            "sweep", version,
-            title=str(meta.get("sweep_id") or self.root.name), metric=metric, mode=mode, swept_keys=swept_keys,
-            trials=trials, round_metrics=numeric_columns(self._rounds), best_trial=best_trial,
-            best_config=self._best_config(best_trial, trials, messages), status=meta.get("status"),
-            num_trials=meta.get("num_trials"), started_at=meta.get("started_at"),
-            ray_dashboard_url=meta.get("ray_dashboard_url") or None, messages=messages,
+        status = meta.get("status")
+        if "seconds" in self._rounds.columns:
+            self._longest_round[""] = float(pd.to_numeric(self._rounds["seconds"], errors="coerce").max() or 0.0)
+        if status == "running" and self.is_stale("", self.watched_files("sweep")):
+            idle = format_duration(self.idle_seconds(self.watched_files("sweep")) or 0.0)
+            messages.append(Message("warning", f"{META_FILE} says the sweep is running, but none of its files changed for {idle}: its driver "
+                                               f"probably died (killed, or its machine lost). `fedray tune --resume {self.root.name}` continues it."))
+            status = "stalled"
+        for trial in trials:
+            if trial["status"] == "ERROR" and not trial["error"]:
+                trial["error"] = "the trial failed; no error message was recorded"
+            if trial["status"] in ("RUNNING", "PENDING") and status in ("finished", "failed", "stalled"):
+                how = "stopped writing" if status == "stalled" else f"ended ({status})"
+                trial["status"] = "INTERRUPTED"
+                trial["error"] = f"the sweep {how} before this trial finished; `fedray tune --resume` continues it"
+
+        return self._finish(
+            "sweep", version, trials, metric, mode, swept_keys, messages,
+            title=str(meta.get("sweep_id") or self.root.name), categorical_keys=self._categorical_keys(swept_keys, trials, messages),
+            status=status, num_trials=meta.get("num_trials"), started_at=meta.get("started_at"),
+            ray_dashboard_url=(meta.get("ray_dashboard_url") or None) if status == "running" else None,
         )
+
+    def _categorical_keys(self, swept_keys: list[str], trials: list[dict[str, Any]], messages: list[Message]) -> list[str]:
+        """The swept keys searched over listed values (``grid``/``choice`` in ``sweep.yaml``); without that
+        file, the keys whose values are not all non-integer numbers."""
+        spec = self.cache.read(self.root / SWEEP_SPEC_FILE, read_yaml_mapping, messages) or {}
+        space = spec.get("space") if isinstance(spec.get("space"), dict) else None
+        if space is not None:
+            return [k for k in swept_keys if isinstance(space.get(k), dict) and next(iter(space[k]), None) in CATEGORICAL_DOMAINS]
+        return [k for k in swept_keys if not all(isinstance(t.get(k), float) for t in trials if t.get(k) is not None)]
 
     def _runs_overview(self, kind: Kind, version: str) -> Overview:
         """A single run or a folder of runs as a sweep: one trial per run, ``test_accuracy`` (max)."""
@@ -451,13 +708,25 @@ class DashboardData:
             frames.append(rounds.assign(trial_id=trial_id))
             values = rounds[metric].tolist() if metric in rounds.columns else []
             seconds = summary.get("seconds") if summary else (rounds["seconds"].sum() if "seconds" in rounds.columns else None)
+            if "seconds" in rounds.columns:
+                self._longest_round[trial_id] = float(pd.to_numeric(rounds["seconds"], errors="coerce").max() or 0.0)
+            status, error = "TERMINATED", None
+            if summary is None:
+                status = "RUNNING" if len(rounds) else "PENDING"
+                run_files = [run_dir / n for n in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
+                if self.is_stale(trial_id, run_files):
+                    status = "STALLED"
+                    error = (f"no {SUMMARY_FILE} and no file written for {format_duration(self.idle_seconds(run_files) or 0.0)}: the run probably "
+                             f"crashed or was killed; `fedray run --resume {self.shown(run_dir)}` continues it from its last checkpoint")
+            reported = {c for c in numeric_columns(rounds) if rounds[c].notna().any()}
             trials.append({
                 "trial_id": trial_id,
-                "status": "TERMINATED" if summary is not None else ("RUNNING" if len(rounds) else "PENDING"),
+                "status": status,
                 **summarize_curve(rounds["round"].tolist(), values, mode),
                 "wall_time_s": seconds,
                 "run_dir": str(run_dir.relative_to(self.root)),
-                "error": None,
+                "error": error,
+                "metric_name": metric_name(metric, reported),
             })
             configs.append(config)
         swept_keys = differing_keys(configs) if kind == "runs" else []
@@ -467,12 +736,8 @@ class DashboardData:
         if kind == "runs" and len(run_dirs) > 1 and not swept_keys:
             messages.append(Message("info", "The runs have identical configs (apart from output): no hyperparameter differs between them."))
         self._rounds = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["trial_id", "round"])
-        best_trial = select_best_trial(trials, mode)
-        return self._base(
-            kind, version, metric=metric, mode=mode, swept_keys=swept_keys, trials=json_safe(trials),
-            round_metrics=numeric_columns(self._rounds), best_trial=best_trial,
-            best_config=self._best_config(best_trial, trials, messages), messages=messages,
-        )
+        # runs are set up by hand, one value at a time: their keys take a few listed values, like a grid
+        return self._finish(kind, version, trials, metric, mode, swept_keys, messages, categorical_keys=list(swept_keys))
 
     def run_dirs(self, kind: Kind) -> list[Path]:
         if kind == "run":
@@ -501,7 +766,7 @@ class DashboardData:
         try:
             return as_new_run_config(text) if text is not None else None
         except ValueError as error:
-            messages.append(Message("warning", f"{path}: {error}; shown as written."))
+            messages.append(Message("warning", f"{self.shown(path)}: {error}; shown as written."))
             return text
 
     # -- per trial -----------------------------------------------------------------------------------
@@ -509,7 +774,7 @@ class DashboardData:
     def trial_run_dir(self, trial_id: str, trials: list[dict[str, Any]] | None = None) -> Path | None:
         """The trial's run directory inside the folder (its ``run_dir`` in ``trials``, by default the
         current overview's trials; else ``trials/<trial_id>``), or None if it is not there. Paths that lead
-        outside the folder are refused, so the server never reads files it was not pointed at."""
+        outside the folder (``..``, links) are refused, so the server never reads files it was not pointed at."""
         kind = detect_kind(self.root)
         if kind in ("run", "runs"):
             candidates = [d for d in self.run_dirs(kind) if d.name == trial_id]
@@ -518,8 +783,8 @@ class DashboardData:
             recorded = trial.get("run_dir") if trial else None
             candidates = ([self.root / recorded] if isinstance(recorded, str) and recorded else []) + [self.root / "trials" / trial_id]
         for candidate in candidates:
-            resolved = candidate.resolve()
-            if resolved.is_dir() and resolved.is_relative_to(self.root):
+            resolved = inside(candidate, self.root)
+            if resolved is not None and resolved.is_dir():
                 return resolved
         return None
 
@@ -544,6 +809,18 @@ class DashboardData:
                     curves[str(trial_id)] = {"round": x, "value": y}
         return json_safe({"metric": metric, "curves": curves})
 
+    def groups(self, by: list[str], metric: str) -> dict[str, Any]:
+        """The comparison table of :func:`group_trials` over the swept keys ``by`` (others are ignored),
+        each group with the mean ± std band of ``metric`` round by round (:func:`band`)."""
+        overview = self.overview()
+        keys = [key for key in dict.fromkeys(by) if key in overview.swept_keys]
+        with self.lock:
+            rounds = self._rounds
+        table = group_trials(overview.trials, keys, overview.mode, overview.metric)
+        for group in table:
+            group["curve"] = band(rounds[rounds["trial_id"].isin(group["trial_ids"])], metric, self.max_curve_points)
+        return json_safe({"by": keys, "metric": overview.metric, "mode": overview.mode, "curve_metric": metric, "groups": table})
+
     def run_view(self, trial_id: str, client_round: int | None = None) -> dict[str, Any]:
         """One run's page: its round curves (every numeric metric, downsampled), the per-client
         distribution of each client metric at ``client_round`` (default: the last round with client
@@ -551,7 +828,7 @@ class DashboardData:
         overview = self.overview()
         messages: list[Message] = []
         if self._trial(trial_id) is None:
-            return json_safe({"trial_id": trial_id, "found": False, "messages": [asdict(Message("error", f"No trial or run named {trial_id!r} in {self.root}."))]})
+            return json_safe({"trial_id": trial_id, "found": False, "messages": [asdict(Message("error", f"No trial or run named {trial_id!r} in {self.root.name}."))]})
         run_dir = self.trial_run_dir(trial_id)
         view: dict[str, Any] = {"trial_id": trial_id, "found": True, "run_dir": None, "curves": {}, "clients": None,
                                 "config": None, "files": {}, "summary": None}
@@ -563,8 +840,8 @@ class DashboardData:
             metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
             view["config"] = self.cache.read(run_dir / CONFIG_FILE, read_text, messages)
             view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
-            stamps = {name: file_stamp(run_dir / name) for name in RUN_FILES}
-            view["files"] = {name: stamp[0] for name, stamp in stamps.items() if stamp is not None}  # mtime: busts the browser cache
+            files = {name: self.run_file(trial_id, name) for name in RUN_FILES}
+            view["files"] = {name: file_stamp(path)[0] for name, path in files.items() if path is not None and file_stamp(path)}  # mtime: busts the browser cache
 
         if metrics is not None and "round" in metrics.columns:
             scope = metrics["scope"] if "scope" in metrics.columns else pd.Series("round", index=metrics.index)
@@ -583,12 +860,13 @@ class DashboardData:
         return json_safe(view)
 
     def run_file(self, trial_id: str, name: str) -> Path | None:
-        """The path of one of :data:`RUN_FILES` of a trial's run directory, or None."""
+        """The resolved path of one of :data:`RUN_FILES` of a trial's run directory, or None (also when
+        the file is a link to outside the folder)."""
         if name not in RUN_FILES:
             return None
         self.overview()
         run_dir = self.trial_run_dir(trial_id)
-        path = None if run_dir is None else run_dir / name
+        path = None if run_dir is None else inside(run_dir / name, self.root)
         return path if path is not None and path.is_file() else None
 
 
