@@ -122,6 +122,13 @@ def test_a_bad_plugin_path_exits_2_before_ray(user_dir, tmp_path):
     assert "Started a local Ray instance" not in result.stderr and not out.exists()  # nothing ran
 
 
+def test_fedray_submit_validates_the_plugin_before_contacting_the_cluster(user_dir, capsys):
+    # Port 9 (discard) has no job server: exit 2 with the key shows the check came first.
+    args = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(user_dir), "--", "run"]
+    assert main([*args, "--set", "algorithm.name=mylab.fedavgm:FedAvgM", "--set", "algorithm.server_lr=0"]) == 2
+    assert "algorithm.server_lr: Input should be greater than 0" in capsys.readouterr().err
+
+
 def test_callbacks_are_checked_before_ray(user_dir):
     with pytest.raises(ConfigError, match=r"output\.callbacks\.0: unknown callback 'wandb' \(allowed: mlflow"):
         build_config({"output": {"callbacks": ["wandb"]}})
