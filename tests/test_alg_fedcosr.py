@@ -1,4 +1,4 @@
-"""FedCoSR's maths and client step, Ray-free: the testable properties of specs/fedcosr.md §11
+"""FedCoSR's maths and client step, Ray-free: the testable properties listed in docs/algorithms_personalized.md
 (1–13 and 17; 14–16 and 19–20 run through the worker code in tests/test_personalized.py)."""
 
 from __future__ import annotations
@@ -403,7 +403,7 @@ def test_hyperparameters_are_validated():
     for bad in ("algorithm.tau=0", "algorithm.gamma=-1", "algorithm.contrast_weight=-0.1", "algorithm.fixed_lambda=1.5", "algorithm.invalid_loss=ignore"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].replace(".", r"\.")):
             load_config(None, ["algorithm.name=fedcosr", bad])
-    with pytest.raises(ConfigError, match=r"algorithm\.alpha: unknown key"):  # α is contrast_weight (DESIGN.md)
+    with pytest.raises(ConfigError, match=r"algorithm\.alpha: unknown key"):  # α is contrast_weight (docs/architecture.md)
         load_config(None, ["algorithm.name=fedcosr", "algorithm.alpha=1"])
 
 

@@ -101,7 +101,7 @@ def test_architectures_are_validated_as_model_sections():
     with pytest.raises(ConfigError, match=r"algorithm\.rad_batch_size"):
         load_config(None, TINY + ["algorithm.rad_batch_size=2"])
     with pytest.raises(ConfigError, match=r"algorithm\.tau: unknown key"):
-        load_config(None, TINY + ["algorithm.tau=0.99"])  # the BYOL decay is ema_decay (DESIGN.md)
+        load_config(None, TINY + ["algorithm.tau=0.99"])  # the BYOL decay is ema_decay (docs/architecture.md)
 
 
 def test_architecture_assignment_rules():

@@ -122,6 +122,13 @@ def test_a_bad_plugin_path_exits_2_before_ray(user_dir, tmp_path):
     assert "Started a local Ray instance" not in result.stderr and not out.exists()  # nothing ran
 
 
+def test_fedray_submit_validates_the_plugin_before_contacting_the_cluster(user_dir, capsys):
+    # Port 9 (discard) has no job server: exit 2 with the key shows the check came first.
+    args = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(user_dir), "--", "run"]
+    assert main([*args, "--set", "algorithm.name=mylab.fedavgm:FedAvgM", "--set", "algorithm.server_lr=0"]) == 2
+    assert "algorithm.server_lr: Input should be greater than 0" in capsys.readouterr().err
+
+
 def test_callbacks_are_checked_before_ray(user_dir):
     with pytest.raises(ConfigError, match=r"output\.callbacks\.0: unknown callback 'wandb' \(allowed: mlflow"):
         build_config({"output": {"callbacks": ["wandb"]}})
@@ -255,3 +262,31 @@ def test_fedray_tune_runs_every_trial_of_an_out_of_tree_algorithm(user_dir, tmp_
     for trial in trials:
         rows = read_metrics(sweep_dir / trial["run_dir"], "round")
         assert len(rows) == 3 and all(row["server_step_norm"] > 0 for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(ray_session, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    config = fedray.build_config(
+        {**TINY, "data": {"num_clients": 6, "alpha": 0.3},
+         "output": {"dir": str(tmp_path / "runs"), "name": "tracked", "tensorboard": False, "callbacks": ["mlflow"]}}
+    )
+    summary = fedray.run_experiment(config, progress=False)
+
+    client = MlflowClient(tracking_uri=(tmp_path / "runs" / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("fedray")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
+    params = run.data.params
+    assert (params["data.alpha"], params["algorithm.name"], params["train.rounds"]) == ("0.3", "fedavg", "3")
+    rows = fedray.read_metrics(summary.run_dir)
+    for metric in ("test_accuracy", "train_loss", "test_loss"):
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == [(row["round"], pytest.approx(row[metric])) for row in rows]
+    artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "learning_curve.png", "partition.png"} <= artifacts

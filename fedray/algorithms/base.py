@@ -1,7 +1,7 @@
 """The interface between the runtime and a federated algorithm.
 
-An algorithm is one subclass of :class:`Algorithm` in one file of this package; the runtime finds it
-by its ``name``. It answers four questions, Flower-Strategy style:
+An algorithm is one subclass of :class:`Algorithm`, in one file of this package or in the user's own
+module (docs/writing_an_algorithm.md); the runtime finds it by ``algorithm.name``. It answers four questions, Flower-Strategy style:
 
 1. **What does the server send?** :meth:`Algorithm.init_server_state` and :meth:`Algorithm.broadcast`
    (the broadcast is ``ray.put`` once per round and shared by every worker).
@@ -10,7 +10,7 @@ by its ``name``. It answers four questions, Flower-Strategy style:
 
    - ``sums``: tensors the worker adds up over all its clients in float64 before anything leaves the
      worker (e.g. ``n_k · w_k`` and ``n_k`` for FedAvg, per-class prototype sums and counts). A round
-     therefore moves O(workers) model-sized results, not O(clients) (DESIGN.md principle 3);
+     therefore moves O(workers) model-sized results, not O(clients) (docs/architecture.md, principle 3);
    - ``payload``: small per-client values the server rule needs one by one (FedSC's prototypes);
    - ``metrics``: per-client scalars (losses) for ``metrics.parquet``;
    - ``state``: the client's new persistent state (MOON's previous model, personal heads), kept by
@@ -27,7 +27,7 @@ by its ``name``. It answers four questions, Flower-Strategy style:
 
 Hyperparameters are a pydantic model ``Params`` whose fields are the ``algorithm.*`` config keys.
 Every random choice inside ``client_update`` must come from ``ctx.generator`` or torch's global RNG,
-which the runtime seeds from ``(seed, round, client_id)`` before each client (principle 7).
+which the runtime seeds from ``(seed, round, client_id)`` before each client (docs/architecture.md, principle 7).
 """
 
 from __future__ import annotations

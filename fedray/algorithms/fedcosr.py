@@ -1,6 +1,6 @@
 """FedCoSR (Huang et al., "FedCoSR: Personalized Federated Learning with Contrastive Shareable
 Representations for Label Heterogeneity in Non-IID Data", arXiv:2404.17916); spec
-``specs/fedcosr.md``.
+docs/algorithms_personalized.md.
 
 Each client's model θ^i = [φ^i; π^i] is split (``algorithm.personal_prefixes``, default
 ``["classifier."]``) into shared representation layers φ and a personal head π. Per round:
@@ -16,10 +16,10 @@ Each client's model θ^i = [φ^i; π^i] is split (``algorithm.personal_prefixes`
   class's global centroid as a negative, cosine similarity over temperature τ (Eq. 12–13).
 * **Upload** (Alg. 1 l.24–25): φ and, from a full no-grad pass of the trained φ over the client's
   training split, the per-class sums n^i_c·ω̄^i_c and counts n^i_c (Eq. 3–4), plus n^i. The sums
-  are the centroids times their counts, so workers can add them up (DESIGN.md principle 3); rows
+  are the centroids times their counts, so workers can add them up (docs/architecture.md, principle 3); rows
   of classes the client does not hold are zero. π, λ and L_Reg never leave the client.
 
-Paper symbol → config key (DESIGN.md): τ_CL → ``algorithm.tau``; α (loss weight) →
+Paper symbol → config key (docs/architecture.md, hyperparameter names): τ_CL → ``algorithm.tau``; α (loss weight) →
 ``algorithm.contrast_weight``; γ → ``algorithm.gamma``; the paper's Dirichlet β → ``data.alpha``;
 η, b, R, T → ``train.lr``, ``train.batch_size``, ``train.local_epochs``, ``train.rounds``; k is the
 model's ``feature_dim``. The paper's aggregation weight "τ_{t+1}" is called λ here.

@@ -1,6 +1,6 @@
 """FedRCL (Seo, Kim, Kim, Han, CVPR 2024): relaxed contrastive learning at every level of the backbone.
 
-Spec: ``shared/specs/fedrcl.md``. The server is FedAvg and clients upload only their weights; what
+Maths and choices: docs/algorithms_fedrcl.md. The server is FedAvg and clients upload only their weights; what
 changes is the local objective (paper Alg. 1, spec §2.7)::
 
     L = CE(logits, y) + w_scl · (1/L) Σ_l L_scl^l + β · (1/L) Σ_l L_pen^l

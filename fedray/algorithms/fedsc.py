@@ -1,6 +1,6 @@
 """FedSC: Federated Learning with Semantic-Aware Collaboration (Wang et al., KDD 2025).
 
-Implemented from the paper as specified in ``specs/fedsc_fedskc.md`` part A (the official code is
+Implemented from the paper as recorded in docs/algorithms_prototypes.md (FedSC) (the official code is
 broken in several places, see the spec's warning; its behaviour is reachable through the switches
 below where the spec asks for it).
 

@@ -1,7 +1,7 @@
 """FedSKC: Federated Learning with Non-IID Data via Structural Knowledge Collaboration (Wang et al.,
 ICWS 2025).
 
-Implemented from the paper as specified in ``specs/fedsc_fedskc.md`` part B. The "structural
+Implemented from the paper as recorded in docs/algorithms_prototypes.md (FedSKC). The "structural
 knowledge" lives in logit space: c_k^j = SiLU(mean over client k's class-j samples of the logits
 h(f(x))), a C-vector per class (§B.2.6).
 

@@ -10,7 +10,7 @@ Local losses on two augmented views ``v1, v2`` of a batch (spec §3.2), with ``p
 - BYOL (default): ``(2 - 2 cos(p_1, sg(z^t_2))) + (2 - 2 cos(p_2, sg(z^t_1)))`` with ``z^t_i`` the
   target network's projection; ``byol_loss="mse"`` is the paper's literal ``‖p - z^t‖²``. After every
   optimiser step the target (encoder + projector) moves to ``θ_t ← τ θ_t + (1 - τ) θ``, τ =
-  ``algorithm.ema_decay`` (spec τ = 0.99; DESIGN.md keeps ``algorithm.tau`` for temperatures).
+  ``algorithm.ema_decay`` (spec τ = 0.99; docs/architecture.md keeps ``algorithm.tau`` for temperatures).
 - SimSiam: ``-½ cos(p_1, sg(z_2)) - ½ cos(p_2, sg(z_1))`` with the online projections ``z_i``.
 
 Both views of a batch go through the network in one forward pass of ``2B`` samples, so BatchNorm

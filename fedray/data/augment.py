@@ -1,4 +1,4 @@
-"""Batched on-device augmentation with per-sample random draws (DESIGN.md, principle 4).
+"""Batched on-device augmentation with per-sample random draws (docs/architecture.md, principle 4).
 
 torchvision.transforms.v2 draws one set of random parameters per batch tensor, so these functions
 draw every parameter per sample from an explicit ``torch.Generator`` and apply them with tensor

@@ -1,4 +1,4 @@
-"""The Ray runtime: a server actor and a pool of client-worker actors (see DESIGN.md)."""
+"""The Ray runtime: a server actor and a pool of client-worker actors (see docs/architecture.md)."""
 
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from fedray.runtime.experiment import (

@@ -266,7 +266,7 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
 
 def reserve_resources(config: RunConfig) -> tuple[PlacementGroup, int]:
     """A placement group with the server's bundle (if it reserves CPUs) and one bundle per worker;
-    returns it and the index of the first worker bundle (DESIGN.md principle 8).
+    returns it and the index of the first worker bundle (docs/architecture.md, principle 8).
 
     The worker bundles follow ``resources.placement_strategy``; the server's bundle is pinned to the
     driver's node (see :func:`server_scheduling`)."""

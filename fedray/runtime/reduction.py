@@ -1,4 +1,4 @@
-"""Worker-side pre-aggregation (DESIGN.md principle 3) and the server-side merge.
+"""Worker-side pre-aggregation (docs/architecture.md, principle 3) and the server-side merge.
 
 A worker adds each client's ``sums`` into float64 running totals in ascending client order, so the
 same clients give bit-identical partials on any worker. Updates with a non-finite value anywhere are

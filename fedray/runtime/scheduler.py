@@ -1,4 +1,4 @@
-"""Split a round's cohort across workers (DESIGN.md principles 5 and 6).
+"""Split a round's cohort across workers (docs/architecture.md, principles 5 and 6).
 
 Each client has a home worker (``client_id mod W``) so that its cached state stays where it is; the
 cohort is placed largest first, and a client leaves its home only when that would push the home's

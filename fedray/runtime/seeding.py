@@ -1,5 +1,5 @@
 """Every random choice derives from (seed, round, client id), never from which worker ran a client
-(DESIGN.md principle 7)."""
+(docs/architecture.md, principle 7)."""
 
 from __future__ import annotations
 

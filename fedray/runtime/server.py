@@ -1,9 +1,10 @@
 """The server: owns the algorithm's server state and drives the worker pool, one round at a time.
 
-Per round: draw the cohort from (seed, round); ``ray.put`` the broadcast once (principle 2); split the
-cohort across workers by cost, sticky first (principles 5, 6); gather one reduced partial per worker
-(principle 3); replace any worker that died and re-run its clients, which gives the same partial
-because everything is seeded per client (principle 7); aggregate; evaluate.
+Per round (the principles are those of docs/architecture.md): draw the cohort from (seed, round);
+``ray.put`` the broadcast once (principle 2); split the cohort across workers by cost, sticky first
+(principles 5, 6); gather one reduced partial per worker (principle 3); replace any worker that died
+and re-run its clients, which gives the same partial because everything is seeded per client
+(principle 7); aggregate; evaluate.
 
 It is a plain class that :mod:`fedray.runtime.experiment` wraps with ``ray.remote``.
 """

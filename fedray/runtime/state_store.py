@@ -1,4 +1,4 @@
-"""Per-client persistent state (DESIGN.md principle 5).
+"""Per-client persistent state (docs/architecture.md, principle 5).
 
 State is written through to ``<run_dir>/client_state/<client>/r<round>.pt`` as soon as a client
 finishes, so any worker can take a client over and a run can resume. Versions are kept by round: the

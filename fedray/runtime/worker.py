@@ -1,5 +1,5 @@
 """The client worker: a long-lived actor that trains many virtual clients one after another
-(DESIGN.md principle 1).
+(docs/architecture.md, principle 1).
 
 It holds the dataset on its device once (principle 4), one model per architecture key, and a client
 state cache backed by the run directory (principle 5). It is a plain class; the server wraps it with
