@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from fedray.runtime import CheckpointError, resume_experiment, run_experiment
+    from fedray.runtime.state_store import ClientStateError
 
     try:
         if args.resume:
@@ -36,6 +37,9 @@ def run_command(args: argparse.Namespace) -> int:
     except CheckpointError as error:
         print(f"fedray: {error}", file=sys.stderr)
         return 2
+    except ClientStateError as error:  # raised in a worker: Ray wraps it, with the original as .cause
+        print(f"fedray: {getattr(error, 'cause', None) or error}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 
