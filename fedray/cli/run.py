@@ -37,8 +37,10 @@ def run_command(args: argparse.Namespace) -> int:
     except CheckpointError as error:
         print(f"fedray: {error}", file=sys.stderr)
         return 2
-    except ClientStateError as error:  # raised in a worker: Ray wraps it, with the original as .cause
-        print(f"fedray: {getattr(error, 'cause', None) or error}", file=sys.stderr)
+    except ClientStateError as error:  # raised in a worker: Ray wraps it (twice), the original is the innermost .cause
+        while isinstance(getattr(error, "cause", None), BaseException):
+            error = error.cause
+        print(f"fedray: {error}", file=sys.stderr)
         return 1
     print_summary(summary)
     return 0

@@ -118,6 +118,7 @@ class ClientStateStore:
     def __init__(self, location: str | Path, cache_size: int = 256) -> None:
         self.location = str(location)
         self.filesystem, self.root = open_location(self.location)
+        self.display_root = f"{urlsplit(self.location).scheme}://{self.root}" if is_uri(self.location) else self.root
         self.atomic_put = self.filesystem.type_name in _OBJECT_STORES
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
@@ -129,7 +130,7 @@ class ClientStateStore:
         return f"{self._client_dir(client_id)}/r{version:06d}.pt"
 
     def _describe(self, client_id: int, version: int) -> str:
-        return f"client {client_id}: state of round {version} ({join_location(self.location, f'{client_id:07d}', f'r{version:06d}.pt')})"
+        return f"client {client_id}: state of round {version} ({self.display_root}/{client_id:07d}/r{version:06d}.pt)"
 
     def load(self, client_id: int, version: int, device: torch.device) -> dict[str, torch.Tensor] | None:
         """The client's state as written in round ``version`` (``None`` for :data:`NO_STATE`)."""
