@@ -171,7 +171,7 @@ STATEFUL = {
     "moon": "algorithm: {name: moon}\nmodel: {projection_dim: 16}\n",
     "fedcosr": "algorithm: {name: fedcosr}\ndata: {num_clients: 8, client_test_fraction: 0.25}\neval: {personalized: true}\n",
 }
-STATEFUL_ROUNDS = 3
+STATEFUL_ROUNDS = 4
 
 
 def stateful_config(work_dir, algorithm: str) -> str:
@@ -190,39 +190,55 @@ def state_objects(s3: LocalS3, prefix: str) -> list[str]:
     return sorted(info.path for info in filesystem.get_file_info(selector) if info.path.endswith(".pt"))
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "fedcosr"])
-def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path, algorithm):
+def start_run(cluster: LocalCluster, work_dir, log, mode: str, *args: str) -> subprocess.Popen:
+    """``fedray run ARGS`` on the cluster, as a submitted job followed to its end (``submit``) or as a
+    driver on this machine connected to the head (``driver``), its output going to the file ``log``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | cluster.client_env
+    if mode == "submit":
+        command = ["fedray", "submit", "--address", cluster.dashboard_url, "--working-dir", str(work_dir), "--follow", "--", "run", *args]
+    else:
+        command = ["fedray", "run", *args, "--address", f"127.0.0.1:{cluster.gcs_port}"]
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, cwd=work_dir, env=env, stdout=output, stderr=subprocess.STDOUT)
+    process.log = log
+    return process
+
+
+def finish(process: subprocess.Popen) -> None:
+    process.wait(timeout=400)
+    assert process.returncode == 0, process.log.read_text()[-4000:]
+
+
+@pytest.mark.parametrize("algorithm, mode", [("moon", "driver"), ("fedcosr", "submit")])
+def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path, algorithm, mode):
     """No directory is shared for client state: it lives on the S3 endpoint. Clients of the second
     node's worker move to its replacement on the head, which reads their state from S3; the run
-    ends with the weights and metrics of an uninterrupted run."""
+    ends with the weights and metrics of an uninterrupted run. MOON runs from a driver connected to
+    the cluster, FedCoSR as a submitted job."""
     the_cluster, second, nodes = second_node(cluster)
     config = stateful_config(work_dir, algorithm)
-    common = ["--quiet", "--set", f"output.dir={tmp_path}", "--set", f"output.client_state_dir={s3.uri('state')}"]
+    results = tmp_path / "runs"
+    common = [config, "--quiet", "--set", f"output.dir={results}", "--set", f"output.client_state_dir={s3.uri(f'state-{algorithm}')}"]
+    finish(start_run(the_cluster, work_dir, tmp_path / "reference.log", mode, *common, "--set", "output.name=reference"))
 
-    reference = submit(the_cluster, work_dir, "--follow", "--", "run", config, *common, "--set", f"output.name={algorithm}-reference")
-    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-
-    result = submit(the_cluster, work_dir, "--", "run", config, *common, "--set", f"output.name={algorithm}-faulted")
-    assert result.returncode == 0, result.stdout + result.stderr
-    job = job_id(result)
-    run_dir = tmp_path / f"{algorithm}-faulted"
-    deadline = time.monotonic() + 240
-    while not read_metrics(run_dir):  # round 1 is done: both nodes have workers at work
-        assert time.monotonic() < deadline, fedray(the_cluster, "jobs", "logs", job).stdout[-3000:]
-        time.sleep(0.2)
+    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", mode, *common, "--set", "output.name=faulted")
+    run_dir = results / "faulted"
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(run_dir):  # round 1 is done: both nodes have workers at work
+        assert time.monotonic() < deadline and faulted.poll() is None, faulted.log.read_text()[-3000:]
+        time.sleep(0.1)
     second.kill()
-    followed = fedray(the_cluster, "jobs", "logs", job, "--follow", "--address", the_cluster.dashboard_url)
-    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    finish(faulted)
 
-    reference_dir = tmp_path / f"{algorithm}-reference"
+    reference_dir = results / "reference"
     placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
     assert nodes["second"] in placements[0]["worker_node_ids"]
     assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
     assert torch.equal(final_weights(run_dir), final_weights(reference_dir))
     assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(reference_dir))
     assert comparable_rows(read_metrics(run_dir, "client")) == comparable_rows(read_metrics(reference_dir, "client"))
-    assert not any(tmp_path.rglob("client_state"))  # nothing on a local disk...
-    assert state_objects(s3, f"state/{algorithm}-faulted")  # ...the state is on S3
+    assert not any(results.rglob("client_state"))  # nothing on a local disk...
+    assert state_objects(s3, f"state-{algorithm}/faulted")  # ...the state is on S3
 
 
 def test_node_local_client_state_is_refused_before_the_first_round(cluster, work_dir, tmp_path):
