@@ -167,3 +167,28 @@ def test_cluster_config_keys_are_validated():
     with pytest.raises(ConfigError, match="resources.placement_strategy"):
         load_config(None, ["resources.placement_strategy=STRICT_SPREAD"])
     assert load_config(None, ["output.staging_dir=/mnt/shared/staging"]).output.staging_dir == "/mnt/shared/staging"
+
+
+def test_both_client_state_options_reach_every_pod_and_the_readme_names_the_stateful_algorithms(kuberay, aws):
+    from fedray.algorithms import ALGORITHMS, get_algorithm_class
+
+    spec = kuberay["RayCluster"]["spec"]
+    pods = [spec["headGroupSpec"]["template"]] + [group["template"] for group in spec["workerGroupSpecs"]]
+    claim = kuberay["PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    secret = kuberay["Secret"]["metadata"]["name"]
+    for pod in pods:
+        volumes = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"]["volumes"]}
+        for container in containers(pod):
+            mounted = {m["name"] for m in container["volumeMounts"]}
+            assert any(volumes.get(name) == claim["metadata"]["name"] for name in mounted)  # option 1
+            assert {"secretRef": {"name": secret, "optional": True}} in container["envFrom"]  # option 2
+    readme = (CLUSTER / "README.md").read_text()
+    stateful = [name for name in ALGORITHMS if get_algorithm_class(name).keeps_client_state]
+    assert {"fedcosr", "fedper", "hetero_ssfl", "local", "moon"} <= set(stateful)
+    assert "fedavg" not in stateful
+    for name in stateful:  # every algorithm that needs shared state storage is named
+        assert f"`{name}`" in readme, name
+    for topic in ("output.client_state_dir", "ReadWriteMany", "ray start --head", "ray stop"):
+        assert topic in readme, topic
+    assert load_config(None, ["output.client_state_dir=s3://b/state"]).output.client_state_dir == "s3://b/state"

@@ -11,6 +11,7 @@ from e2e_helpers import CrashAfterRound, comparable_rows
 
 from fedray.config import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
+from fedray.runtime.state_store import decode_state
 from fedray.tracking import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -45,7 +46,7 @@ def client_states(run_dir) -> dict[str, dict[str, torch.Tensor]]:
     states = {}
     for folder in sorted((Path(run_dir) / "client_state").iterdir()):
         newest = sorted(folder.glob("r*.pt"))[-1]
-        states[folder.name] = torch.load(newest, weights_only=True)
+        states[folder.name] = decode_state(newest.read_bytes(), str(newest))
     return states
 
 

@@ -90,7 +90,7 @@ def test_reported_metrics_are_the_spec_protocol_on_the_stored_state(fedcosr_run)
     assert torch.equal(server_state["initial_personal"], initial[1])
     assert bool(server_state["centroid_mask"].all())
 
-    sums = worker.evaluate_clients(4, [(c, int(versions[c]), -1) for c in range(10)], algorithm.broadcast(server_state, 5))
+    sums = worker.evaluate_clients(4, [(c, int(versions[c]), ()) for c in range(10)], algorithm.broadcast(server_state, 5))
     accuracies = [s["correct"] / s["count"] for s in sums.values()]
     last = read_metrics(run_dir)[-1]
     assert last["personal_accuracy"] == pytest.approx(sum(s["correct"] for s in sums.values()) / sum(s["count"] for s in sums.values()), abs=1e-12)

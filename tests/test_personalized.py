@@ -61,7 +61,7 @@ class InProcessRun:
         self.rows: list[dict] = []
 
     def tasks(self, ids) -> list[tuple[int, int, int]]:
-        return [(int(c), int(self.versions[c]), NO_STATE) for c in ids]
+        return [(int(c), int(self.versions[c]), ()) for c in ids]
 
     def run(self, rounds: int) -> "InProcessRun":
         for round in range(1, rounds + 1):

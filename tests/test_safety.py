@@ -9,7 +9,7 @@ from fedray.config import ConfigError, load_config
 from fedray.runtime import CheckpointError, load_checkpoint
 from fedray.runtime import experiment
 from fedray.runtime.checkpoint import save_checkpoint
-from fedray.runtime.state_store import ClientStateStore
+from fedray.runtime.state_store import ClientStateError, ClientStateStore, encode_state
 
 
 class TouchOnUnpickle:
@@ -58,8 +58,8 @@ def test_client_state_with_a_pickled_object_is_not_executed(tmp_path):
     store = ClientStateStore(tmp_path / "client_state")
     path = tmp_path / "client_state" / "0000003" / "r000001.pt"
     path.parent.mkdir(parents=True)
-    torch.save({"w": torch.ones(1), "extra": TouchOnUnpickle(marker)}, path)
-    with pytest.raises(Exception, match="Weights only load failed"):
+    path.write_bytes(encode_state({"w": torch.ones(1), "extra": TouchOnUnpickle(marker)}))  # a valid checksum
+    with pytest.raises(ClientStateError, match="Weights only load failed"):
         store.load(3, 1, torch.device("cpu"))
     assert not marker.exists()
 

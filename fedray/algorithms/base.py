@@ -116,6 +116,9 @@ class Algorithm:
     """Base class with FedAvg's behaviour for everything a subclass does not override."""
 
     name: ClassVar[str] = ""
+    # Whether client_update returns ClientUpdate.state: such runs need a client state store that every
+    # node of a cluster reaches (checked before the first round; see fedray.runtime.state_store).
+    keeps_client_state: ClassVar[bool] = False
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:

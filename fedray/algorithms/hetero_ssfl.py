@@ -123,6 +123,7 @@ def assign_architectures(num_clients: int, num_architectures: int, rule: str, se
 
 class HeteroSSFL(SiameseAlgorithm):
     name = "hetero_ssfl"
+    keeps_client_state = True
     Params = HeteroSSFLParams
     params: HeteroSSFLParams
 

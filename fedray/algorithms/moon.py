@@ -59,6 +59,7 @@ class MOONParams(AlgorithmParams):
 
 class MOON(Algorithm):
     name = "moon"
+    keeps_client_state = True
     Params = MOONParams
     params: MOONParams
 

@@ -147,6 +147,7 @@ class PersonalizedAlgorithm(Algorithm):
     """
 
     Params = PersonalizedParams
+    keeps_client_state = True
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(error, "fedray_exit_code", None)
         if code is None:
             raise
+        while isinstance(getattr(error, "cause", None), BaseException):  # raised in an actor: Ray wraps it
+            error = error.cause
         print(f"fedray: {error}", file=sys.stderr)
         return int(code)
 

@@ -170,8 +170,10 @@ class LocalCluster:
         other node's driver."""
         return self.directory / f"ray{node_index}"
 
-    def _start(self, role_args: list[str], port_flags: tuple[str, ...], num_cpus: int, resources: dict[str, float]) -> LocalNode:
-        command = ["ray", "start", "--block", "--disable-usage-stats", *role_args]
+    def _start(
+        self, role_args: list[str], port_flags: tuple[str, ...], num_cpus: int, resources: dict[str, float], wrapper: tuple[str, ...] = ()
+    ) -> LocalNode:
+        command = [*wrapper, "ray", "start", "--block", "--disable-usage-stats", *role_args]
         command += ["--node-ip-address", "127.0.0.1", "--temp-dir", str(self._temp_dir(len(self.nodes))), "--num-cpus", str(num_cpus)]
         for flag in port_flags:
             command += [flag, str(free_port())]
@@ -197,9 +199,13 @@ class LocalCluster:
         self._wait_for(lambda: self.request("/api/jobs/") is not None and len(self.alive_nodes()) == 1, timeout, head)
         return head
 
-    def add_node(self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 180) -> LocalNode:
+    def add_node(
+        self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 180, wrapper: tuple[str, ...] = ()
+    ) -> LocalNode:
+        """A worker node; ``wrapper`` is a command that execs the node's ``ray start`` command given as
+        its arguments (e.g. ``unshare`` to give the node its own view of a directory)."""
         expected = len(self.alive_nodes()) + 1
-        node = self._start(["--address", f"127.0.0.1:{self.gcs_port}"], _NODE_PORT_FLAGS, num_cpus, resources or {})
+        node = self._start(["--address", f"127.0.0.1:{self.gcs_port}"], _NODE_PORT_FLAGS, num_cpus, resources or {}, wrapper)
         self._wait_for(lambda: len(self.alive_nodes()) == expected, timeout, node)
         return node
 

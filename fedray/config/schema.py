@@ -144,8 +144,13 @@ class OutputConfig(Section):
         None,
         description="local directory a run writes to when output.dir is a URI (s3://, gs://, "
         "file://...) and copies to it after every checkpoint and at the end (default: "
-        "<system temp dir>/fedray-staging); multi-node runs of algorithms with per-client state "
-        "need it on storage every node mounts",
+        "<system temp dir>/fedray-staging)",
+    )
+    client_state_dir: str | None = Field(
+        None,
+        description="where algorithms with per-client state keep it, as <client_state_dir>/<run name>: "
+        "a path every node mounts at the same place or a URI (s3://, gs://, hdfs://) (default: "
+        "<output.dir>/<run name>/client_state, written straight to output.dir when it is a URI)",
     )
     tensorboard: bool = True
     plots: bool = True

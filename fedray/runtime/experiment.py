@@ -27,13 +27,14 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placemen
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fedray.cluster.placement import WorkerPlacement
-from fedray.algorithms import algorithm_label
+from fedray.algorithms import algorithm_label, get_algorithm_class
 from fedray.config import ConfigError, RunConfig, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.runtime.server import Server, WorkerPoolError
+from fedray.runtime.state_store import ClientStateError, ClientStateStore, client_state_location, nodes_missing_location
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
@@ -264,6 +265,40 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
     return time.perf_counter() - started
 
 
+def with_absolute_state_dir(config: RunConfig) -> RunConfig:
+    """``config`` with a relative local ``output.client_state_dir`` made absolute (workers resolve
+    paths in their own working directory)."""
+    state_dir = config.output.client_state_dir
+    if state_dir is None or is_uri(state_dir) or Path(state_dir).is_absolute():
+        return config
+    config = config.model_copy(deep=True)
+    config.output.client_state_dir = str(Path(state_dir).absolute())
+    return config
+
+
+def check_client_state_location(config: RunConfig, run_dir: Path) -> None:
+    """For an algorithm with per-client state: its store must open, and on a multi-node cluster every
+    node must read what the driver writes there; otherwise fail before the first round instead of
+    when a client moves to another node."""
+    algorithm = get_algorithm_class(config.algorithm.name)
+    if not algorithm.keeps_client_state:
+        return
+    location = client_state_location(config.output, run_dir)
+    key = "output.client_state_dir" if config.output.client_state_dir is not None else "output.dir"
+    try:
+        ClientStateStore(location)
+        missing = nodes_missing_location(location)
+    except (ClientStateError, OSError) as error:
+        raise ConfigError(f"invalid config:\n  {key}: {error}") from None
+    if missing:
+        raise ConfigError(
+            f"invalid config:\n  {key}: {algorithm.name} keeps per-client state in {location}, which is node-local: "
+            f"node(s) {', '.join(missing)} cannot read a file written there. On a multi-node cluster set "
+            "output.client_state_dir (or output.dir) to storage every node reaches: a path every node mounts at "
+            "the same place, or an object-store URI such as s3://BUCKET/fedray-state"
+        )
+
+
 def reserve_resources(config: RunConfig) -> tuple[PlacementGroup, int]:
     """A placement group with the server's bundle (if it reserves CPUs) and one bundle per worker;
     returns it and the index of the first worker bundle (docs/architecture.md, principle 8).
@@ -325,7 +360,7 @@ def run_experiment(
     crash for tests: ``{"worker": i, "round": r}`` kills worker ``i`` after its first client of round ``r``.
     """
     started = time.perf_counter()
-    config = validate_plugins(config)
+    config = with_absolute_state_dir(validate_plugins(config))
     check_address(address)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config)
@@ -336,9 +371,15 @@ def run_experiment(
     if not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS")):
         check_local_resources(config)
     ray_startup_seconds = ensure_ray(address, config)
+    created = not run_dir.exists()  # a run directory appears only once Ray and the resources are there
+    try:
+        check_client_state_location(config, run_dir)
+    except ConfigError:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)  # the reachability marker's directories
+        raise
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
-    created = not run_dir.exists()  # a run directory appears only once Ray and the resources are there
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / CONFIG_FILE)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0

@@ -59,9 +59,10 @@ class Server:
         self.algorithm = build_algorithm(self.config, data)
         torch.manual_seed(self.config.seed)
         self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
-        # round in which each client last stored state, now and as of the last checkpoint
+        # round in which each client last stored state; the same as of each kept checkpoint (oldest
+        # first, at most checkpoint.keep), whose client state the workers must not delete
         self.state_versions = np.full(self.num_clients, NO_STATE, dtype=np.int64)
-        self.checkpoint_versions = self.state_versions.copy()
+        self.checkpoint_versions: list[np.ndarray] = []
         self.worker_restarts = 0
         self.broadcast_ref: ray.ObjectRef | None = None
         self.broadcast_round = 0
@@ -107,7 +108,10 @@ class Server:
         return results
 
     def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
-        return [(cid, int(self.state_versions[cid]), int(self.checkpoint_versions[cid])) for cid in client_ids]
+        return [
+            (cid, int(self.state_versions[cid]), tuple(sorted({int(kept[cid]) for kept in self.checkpoint_versions} - {NO_STATE})))
+            for cid in client_ids
+        ]
 
     def _broadcast(self, round: int) -> ray.ObjectRef:
         """The broadcast for ``round``, put in the object store once."""
@@ -208,21 +212,29 @@ class Server:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a resumed run needs (tensors and plain values only: loadable with weights_only)."""
+        """Everything a resumed run needs (tensors and plain values only: loadable with weights_only).
+
+        ``kept_state_versions`` [k, num_clients] holds the client-state versions of the k earlier
+        checkpoints that stay on disk next to this one (``checkpoint.keep`` - 1 at most), so that a
+        run resumed from this checkpoint keeps protecting their client state too."""
+        earlier = self.checkpoint_versions[len(self.checkpoint_versions) - self.config.checkpoint.keep + 1 :]
         return {
             "server_state": self.state,
             "state_versions": torch.from_numpy(self.state_versions.copy()),
+            "kept_state_versions": torch.from_numpy(np.stack(earlier) if earlier else np.empty((0, self.num_clients), np.int64)),
             "worker_restarts": self.worker_restarts,
         }
 
     def checkpoint_written(self) -> None:
-        """The driver saved the last :meth:`checkpoint_state`: its client-state versions are now protected."""
-        self.checkpoint_versions = self.state_versions.copy()
+        """The driver saved the last :meth:`checkpoint_state`: its client-state versions are now
+        protected, with those of the ``checkpoint.keep`` - 1 checkpoints before it."""
+        self.checkpoint_versions = [*self.checkpoint_versions, self.state_versions.copy()][-self.config.checkpoint.keep :]
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.state = state["server_state"]
         self.state_versions = state["state_versions"].numpy().astype(np.int64)
-        self.checkpoint_versions = self.state_versions.copy()
+        earlier = state.get("kept_state_versions", torch.empty(0, self.num_clients, dtype=torch.int64)).numpy()
+        self.checkpoint_versions = [row.astype(np.int64) for row in earlier] + [self.state_versions.copy()]
         self.broadcast_ref = None
 
     def global_state(self) -> dict[str, Any]:

@@ -1,32 +1,138 @@
-"""Per-client persistent state (docs/architecture.md, principle 5).
+"""Per-client persistent state, on storage every node reaches.
 
-State is written through to ``<run_dir>/client_state/<client>/r<round>.pt`` as soon as a client
-finishes, so any worker can take a client over and a run can resume. Versions are kept by round: the
-server tells a worker which version to load (the client's last successful round) and which version
-the latest checkpoint refers to, so a retried client or a resumed run reads exactly the state it
-would have read without the failure. A worker also caches the states it wrote (sticky clients skip
-the disk read).
+Stateful algorithms (MOON's previous model, FedPer/FedCoSR/Local's personal part, Hetero-SSFL's
+per-client models) keep a state per client between its rounds. Workers write it through, as soon as
+a client finishes, to a *location* that every worker of the cluster can read:
+
+- a local path (the run directory's ``client_state/`` by default; on a multi-node cluster it must be
+  on a volume every node mounts at the same path: NFS, EFS, a ReadWriteMany PVC), or
+- a URI that pyarrow's filesystems open (``s3://bucket/prefix``, ``gs://...``, ``hdfs://...``;
+  S3 options such as ``?endpoint_override=host:port&scheme=http`` ride in the query string, and
+  credentials come from the environment as pyarrow reads them).
+
+Layout: ``<location>/<client id:07d>/r<round:06d>.pt``, one file per client per kept version. A file
+is ``MAGIC + sha256(payload) + payload`` (the payload is ``torch.save`` of a dict of tensors); the
+checksum is verified on every read, so a damaged file is reported (client, round, file) instead of
+silently training from wrong state. Writes are atomic: object stores (S3, GCS) publish an object
+whole when its upload completes; other filesystems get a temporary file renamed into place.
+
+Versions: the server tells a worker which version to load (the round the client last stored state
+in) and which versions the kept checkpoints refer to (up to ``checkpoint.keep`` of them). After
+writing round ``r`` a worker deletes the client's other versions except those, so a retried client,
+a resumed run, and a resume from any checkpoint still on disk all read exactly the state they would
+have read without the failure. A worker caches the states it wrote (``cache_size`` most recent):
+a sticky client, trained on the same worker as last time, never reads its state back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Iterable
+from urllib.parse import urlsplit, urlunsplit
 
+import pyarrow.fs as pafs
 import torch
 
+from fedray.config.schema import OutputConfig
+from fedray.tracking.sync import is_uri
+
 NO_STATE = -1  # version of a client that has never stored state
+MAGIC = b"FEDRAYCS"  # 8 bytes; then the 32-byte SHA-256 of the payload, then the payload
+_HEADER = len(MAGIC) + hashlib.sha256().digest_size
+_OBJECT_STORES = ("s3", "gcs")  # a single upload is atomic: no temporary file + rename needed
+
+
+class ClientStateError(RuntimeError):
+    """A client's state file is unreadable, corrupt, or the location cannot be opened."""
+
+    fedray_exit_code = 1  # the CLI prints the message alone
+
+
+class ClientStateMissing(ClientStateError, FileNotFoundError):
+    """A client's state of the requested round is not in the store."""
+
+
+def join_location(location: str, *parts: str) -> str:
+    """``location`` (a path or a URI, whose query string is kept) extended by path ``parts``."""
+    if is_uri(location):
+        split = urlsplit(location)
+        return urlunsplit(split._replace(path="/".join([split.path.rstrip("/"), *parts])))
+    return str(Path(location, *parts))
+
+
+def client_state_location(output: OutputConfig, run_dir: str | Path) -> str:
+    """Where a run keeps its client state: ``<output.client_state_dir>/<run name>`` if set, else
+    ``<output.dir>/<run name>/client_state`` when ``output.dir`` is a URI (straight to the URI, not
+    through the staging directory), else ``<run dir>/client_state``."""
+    name = Path(run_dir).name
+    if output.client_state_dir is not None:
+        return join_location(output.client_state_dir, name)
+    if is_uri(output.dir):
+        return join_location(output.dir, name, "client_state")
+    return str(Path(run_dir).absolute() / "client_state")
+
+
+def open_location(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and the path inside it that ``location`` names. S3 files open lazily
+    (``allow_delayed_open``), so that a small state file is one PUT instead of a three-request
+    multipart upload."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(Path(location).absolute())
+    split = urlsplit(location)
+    if split.scheme == "s3" and "allow_delayed_open" not in split.query:
+        location = urlunsplit(split._replace(query="&".join(filter(None, [split.query, "allow_delayed_open=true"]))))
+    try:
+        return pafs.FileSystem.from_uri(location)
+    except Exception as error:  # unknown scheme, bad query option, missing credentials
+        raise ClientStateError(
+            f"cannot open the client state location {location!r} (a local path, file://, s3://, gs://, "
+            f"hdfs://, abfs://): {error}"
+        ) from None
+
+
+def encode_state(state: dict[str, torch.Tensor]) -> bytes:
+    """The bytes of a state file: magic, SHA-256 of the payload, payload (``torch.save``)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def decode_state(data: bytes, what: str) -> dict[str, torch.Tensor]:
+    """The state in a state file's bytes, after checking its checksum; ``what`` names the file
+    (client, round, path) in the error."""
+    if len(data) < _HEADER or not data.startswith(MAGIC):
+        raise ClientStateError(f"{what} is corrupt: not a fedray client-state file (truncated or overwritten)")
+    payload = data[_HEADER:]
+    if hashlib.sha256(payload).digest() != data[len(MAGIC) : _HEADER]:
+        raise ClientStateError(f"{what} is corrupt: its SHA-256 checksum does not match its contents")
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as error:  # a foreign object in a file with a valid checksum: never executed
+        raise ClientStateError(f"{what} is corrupt: {type(error).__name__}: {error}") from None
 
 
 class ClientStateStore:
-    def __init__(self, directory: str | Path, cache_size: int = 256) -> None:
-        self.directory = Path(directory)
+    def __init__(self, location: str | Path, cache_size: int = 256) -> None:
+        self.location = str(location)
+        self.filesystem, self.root = open_location(self.location)
+        self.display_root = f"{urlsplit(self.location).scheme}://{self.root}" if is_uri(self.location) else self.root
+        self.atomic_put = self.filesystem.type_name in _OBJECT_STORES
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
 
-    def _path(self, client_id: int, version: int) -> Path:
-        return self.directory / f"{client_id:07d}" / f"r{version:06d}.pt"
+    def _client_dir(self, client_id: int) -> str:
+        return f"{self.root}/{client_id:07d}"
+
+    def _path(self, client_id: int, version: int) -> str:
+        return f"{self._client_dir(client_id)}/r{version:06d}.pt"
+
+    def _describe(self, client_id: int, version: int) -> str:
+        return f"client {client_id}: state of round {version} ({self.display_root}/{client_id:07d}/r{version:06d}.pt)"
 
     def load(self, client_id: int, version: int, device: torch.device) -> dict[str, torch.Tensor] | None:
         """The client's state as written in round ``version`` (``None`` for :data:`NO_STATE`)."""
@@ -34,30 +140,80 @@ class ClientStateStore:
             return None
         cached = self._cache.get((client_id, version))
         if cached is None:
-            path = self._path(client_id, version)
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"client {client_id}: state of round {version} is missing ({path}); "
-                    "the client state store must be on storage every worker and the driver can reach"
-                )
-            cached = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                with self.filesystem.open_input_stream(self._path(client_id, version)) as stream:
+                    data = stream.readall()
+            except FileNotFoundError:
+                raise ClientStateMissing(
+                    f"{self._describe(client_id, version)} is missing; the client state store must be on "
+                    "storage every worker can reach (see output.client_state_dir)"
+                ) from None
+            cached = decode_state(data, self._describe(client_id, version))
         return {name: tensor.to(device) for name, tensor in cached.items()}
 
-    def save(self, client_id: int, version: int, state: dict[str, torch.Tensor], keep: tuple[int, ...]) -> None:
+    def save(self, client_id: int, version: int, state: dict[str, torch.Tensor], keep: Iterable[int]) -> None:
         """Write round ``version``'s state atomically, then drop this client's versions other than
-        ``version`` and ``keep`` (the version loaded this round and the one the last checkpoint uses)."""
+        ``version`` and ``keep`` (the version loaded this round and those the kept checkpoints use)."""
         cpu_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
-        path = self._path(client_id, version)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        torch.save(cpu_state, temporary)
-        os.replace(temporary, path)
+        self.write_atomic(self._path(client_id, version), encode_state(cpu_state))
         self._cache[(client_id, version)] = cpu_state
         self._cache.move_to_end((client_id, version))
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        wanted = {path.name} | {self._path(client_id, v).name for v in keep if v != NO_STATE}
-        for old in path.parent.glob("r*.pt"):
-            if old.name not in wanted:
-                old.unlink(missing_ok=True)
-                self._cache.pop((client_id, int(old.stem[1:])), None)
+        wanted = {self._path(client_id, v) for v in (version, *keep) if v != NO_STATE}
+        for info in self.filesystem.get_file_info(pafs.FileSelector(self._client_dir(client_id))):
+            if info.path not in wanted and info.base_name.endswith(".pt"):
+                self.filesystem.delete_file(info.path)
+                self._cache.pop((client_id, int(info.base_name[1:-3])), None)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` at ``path`` so that readers see the whole file or no file."""
+        if self.atomic_put:
+            with self.filesystem.open_output_stream(path) as stream:
+                stream.write(data)
+            return
+        self.filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with self.filesystem.open_output_stream(temporary) as stream:
+            stream.write(data)
+        self.filesystem.move(temporary, path)  # a rename: readers see the old file or the new one
+
+
+def _read_marker(location: str, name: str) -> bytes | None:
+    """The marker file ``name`` at ``location`` as this node sees it (None if it cannot be read)."""
+    store = ClientStateStore(location)
+    try:
+        with store.filesystem.open_input_stream(f"{store.root}/{name}") as stream:
+            return stream.readall()
+    except OSError:
+        return None
+
+
+def nodes_missing_location(location: str, timeout: float = 120) -> list[str]:
+    """The alive Ray nodes that cannot read a file the caller writes at ``location`` (empty on a
+    single-node cluster, where every path is shared). The test is real: a random marker is written
+    here, one zero-CPU task pinned to each node reads it back, and the marker is deleted."""
+    import secrets
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if len(nodes) <= 1:
+        return []
+    store = ClientStateStore(location)
+    token = secrets.token_hex(16)
+    name = f".fedray-reachable-{token}"
+    store.write_atomic(f"{store.root}/{name}", token.encode())
+    try:
+        read = ray.remote(_read_marker)
+        seen = ray.get(
+            [
+                read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(location, name)
+                for node in nodes
+            ],
+            timeout=timeout,
+        )
+    finally:
+        store.filesystem.delete_file(f"{store.root}/{name}")
+    return [f"{node['NodeManagerAddress']} (node {node['NodeID'][:12]})" for node, data in zip(nodes, seen) if data != token.encode()]

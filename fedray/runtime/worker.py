@@ -2,7 +2,7 @@
 (docs/architecture.md, principle 1).
 
 It holds the dataset on its device once (principle 4), one model per architecture key, and a client
-state cache backed by the run directory (principle 5). It is a plain class; the server wraps it with
+state cache backed by the run's client state store (principle 5; :mod:`fedray.runtime.state_store`). It is a plain class; the server wraps it with
 ``ray.remote`` and pins it to a placement-group bundle with a fractional GPU.
 """
 
@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +23,12 @@ from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
 from fedray.runtime.reduction import PartialResult
 from fedray.runtime.seeding import seed_client
-from fedray.runtime.state_store import ClientStateStore
+from fedray.runtime.state_store import ClientStateStore, client_state_location
 
 logger = logging.getLogger(__name__)
 
-# (client id, state version to load, state version the last checkpoint refers to)
-ClientTask = tuple[int, int, int]
+# (client id, state version to load, state versions the kept checkpoints refer to)
+ClientTask = tuple[int, int, tuple[int, ...]]
 
 
 def build_algorithm(config: RunConfig, data: FederatedDataset) -> Algorithm:
@@ -71,7 +70,7 @@ class ClientWorker:
         public = self.algorithm.public_indices(data)
         self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
         self.models: dict[str, FedModel] = {}
-        self.state_store = ClientStateStore(Path(run_dir) / "client_state")
+        self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
         self.fault = fault
 
     # ------------------------------------------------------------------ helpers
@@ -116,11 +115,13 @@ class ClientWorker:
     def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
         """Train the given clients in order and return their reduced updates."""
         partial = PartialResult()
-        for done, (client_id, state_version, checkpoint_version) in enumerate(tasks, start=1):
+        for done, (client_id, state_version, checkpoint_versions) in enumerate(tasks, start=1):
             ctx = self._context(round, client_id, state_version)
             update = self.algorithm.client_update(ctx, broadcast)
+            if update.state is not None and not self.algorithm.keeps_client_state:
+                raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
             if partial.add(client_id, update) and update.state is not None:
-                self.state_store.save(client_id, round, update.state, keep=(state_version, checkpoint_version))
+                self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
                 partial.stateful_clients.append(client_id)
             self._maybe_fail(round, done)
         return partial.to_cpu()

@@ -8,9 +8,11 @@ checkpoint and once more after ``summary.json`` (the run's last file). A run tha
 leaves its latest checkpoint at the URI; ``fedray run --resume <staging run dir>`` continues it and
 keeps syncing.
 
-Only files that changed since the last sync are copied, and files the run deleted (old checkpoints,
-superseded client state) are deleted at the destination, so the destination mirrors the run
-directory. Credentials come from the environment as pyarrow reads them (e.g. ``AWS_*`` for S3).
+Only files that changed since the last sync are copied, and files the run deleted (old checkpoints)
+are deleted at the destination, so the destination mirrors the run directory. Per-client state of
+stateful algorithms does not go through the staging directory: the workers write it straight to
+``<output.dir>/<run name>/client_state`` (see :mod:`fedray.runtime.state_store`), which every node
+reaches. Credentials come from the environment as pyarrow reads them (e.g. ``AWS_*`` for S3).
 """
 
 from __future__ import annotations
