@@ -416,3 +416,17 @@ def test_incomplete_cifar_directory_is_config_error(tmp_path: Path) -> None:
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"truncated")
     with pytest.raises(ConfigError, match="data.download"):
         load_dataset(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
+
+
+FMNIST_SWEEPS = sorted((Path(__file__).resolve().parent.parent / "tune_configs" / "fmnist").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", FMNIST_SWEEPS, ids=lambda p: p.stem)
+def test_fmnist_sweeps_tune_on_a_validation_split(path: Path) -> None:
+    from fedray.tune.spec import load_sweep
+
+    spec = load_sweep(path)
+    assert "train.lr" in spec.space
+    for values in spec.trial_shapes():
+        config = spec.trial_config(values)
+        assert config.data.name == "fmnist" and config.data.validation_fraction > 0
