@@ -14,7 +14,8 @@ and one of three settings groups:
   spread across clients ``personal_accuracy_std``): a pathological split (``shards2``: 2 classes per
   client) and Dirichlet α = 0.1 (``pdir0.1``). FedAvg, Local, FedPer, FedCoSR.
 * ``ssl`` (``probe_accuracy``: linear probe of the learned encoders on labelled data): Dirichlet
-  α = 0.1 and 0.5. Hetero-SSFL, its μ = 0 local-SSL variant (``hetero_ssfl_local``), FedAvg+BYOL.
+  α = 0.1 and 0.5. Hetero-SSFL, its μ = 0 local-SSL variant (``hetero_ssfl_local``), FedAvg+BYOL,
+  and Hetero-SSFL with the debiased alignment (``hetero_ssfl_debiased``).
 
 Every finished (algorithm, setting, seed) is appended to ``<out>.csv`` (and its curve to
 ``<out>_curves.csv``) and skipped on the next invocation; an interrupted run (Ctrl-C, SIGTERM) keeps
@@ -43,6 +44,7 @@ import numpy as np
 from benchmark_tables import plot_mean_band, run_result
 from fedray.config import load_config
 from fedray.runtime import resume_experiment, run_experiment
+from fedray.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 100
@@ -73,6 +75,7 @@ VARIANTS = {
     # 20 probe epochs over a client's ~600 Fashion-MNIST images (the digits examples use 300 over ~70).
     "hetero_ssfl": ("hetero_ssfl", ["algorithm.probe_epochs=20"]),
     "hetero_ssfl_local": ("hetero_ssfl_local", ["algorithm.probe_epochs=20"]),
+    "hetero_ssfl_debiased": ("hetero_ssfl_debiased", ["algorithm.probe_epochs=20"]),
     "fedavg_byol": ("fedavg_byol", ["algorithm.probe_epochs=20"]),
 }
 GROUPS: dict[str, dict[str, Any]] = {
@@ -89,7 +92,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "also": ["personal_accuracy_std"],
     },
     "ssl": {
-        "algorithms": ["hetero_ssfl", "hetero_ssfl_local", "fedavg_byol"],
+        "algorithms": ["hetero_ssfl", "hetero_ssfl_local", "fedavg_byol", "hetero_ssfl_debiased"],
         "settings": ["dir0.1", "dir0.5"],
         "metric": "probe_accuracy",
         "also": [],
@@ -189,7 +192,22 @@ def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
     return text + (f" ({len(values)}/{seeds_wanted} seeds)" if len(values) < seeds_wanted else "")
 
 
-def report(out: Path, seeds_wanted: int) -> None:
+def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[str]:
+    """One line per started but unfinished entry in ``runs_dir``: its last evaluated round and value."""
+    lines = []
+    for group, spec in GROUPS.items():
+        for run_dir in sorted(runs_dir.glob(f"{group}-*")):
+            _, algorithm, setting, seed = run_dir.name.split("-")  # run_entry's <group>-<algorithm>-<setting>-s<seed>
+            if (group, algorithm, setting, int(seed[1:])) in done:
+                continue
+            rows = [r for r in read_metrics(run_dir) if r.get(spec["metric"]) is not None]
+            if rows:
+                lines.append(f"- {group} / {algorithm} / {setting} / seed {seed[1:]}: round {rows[-1]['round']} "
+                             f"of {ROUNDS}, `{spec['metric']}` {100 * rows[-1][spec['metric']]:.2f} %")
+    return lines
+
+
+def report(out: Path, seeds_wanted: int, runs_dir: Path) -> None:
     results = read_csv(out.with_suffix(".csv"))
     curves = read_csv(out.with_name(out.stem + "_curves.csv"))
     lines = [TABLE_START, ""]
@@ -216,6 +234,10 @@ def report(out: Path, seeds_wanted: int) -> None:
     seconds = [float(r["seconds_per_round"]) for r in results]
     if seconds:
         lines.append(f"{len(results)} entries finished; median {np.median(seconds):.1f} s per round on a shared 2-core CPU.")
+    done = {(r["group"], r["algorithm"], r["setting"], int(r["seed"])) for r in results}
+    unfinished = in_progress(runs_dir, done)
+    if unfinished:
+        lines += ["", "Started, not finished (not in the table; they resume from their last checkpoint):", "", *unfinished]
     lines += ["", TABLE_END]
     table = "\n".join(lines)
     md = out.with_suffix(".md")
@@ -275,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("stopped; the same command resumes (finished entries are in the CSV)", file=sys.stderr)
             return 130
-    report(args.out, len(args.seeds))
+    report(args.out, len(args.seeds), args.runs_dir)
     return 0
 
 
