@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmark_tables import plot_mean_band, run_result
 from fedray.config import load_config
 from fedray.runtime import run_experiment
-from fedray.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOL = [
@@ -55,20 +55,8 @@ def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[st
     config = load_config(base if base.is_file() else None, overrides if base.is_file() else overrides + [f"algorithm.name={algorithm}"])
     started = time.perf_counter()
     summary = run_experiment(config, progress=False)
-    rows = [r for r in read_metrics(summary.run_dir) if r.get(metric) is not None]
-    curve = [(r["round"], r[metric]) for r in rows]
-    best_row = max(rows, key=lambda r: r[metric])
-    also_values = {f"{name}_final": rows[-1].get(name) for name in also} | {f"{name}_at_best": best_row.get(name) for name in also}
-    return {
-        "algorithm": algorithm,
-        "alpha": alpha,
-        "seed": seed,
-        "final": curve[-1][1],
-        "best": max(v for _, v in curve),
-        "seconds": time.perf_counter() - started,
-        "curve": curve,
-        **also_values,
-    }
+    result = run_result(Path(summary.run_dir), metric, also)
+    return {"algorithm": algorithm, "alpha": alpha, "seed": seed, "seconds": time.perf_counter() - started, **result}
 
 
 def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] = ()) -> None:
@@ -111,10 +99,8 @@ def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] =
     for ax, alpha in zip(axes[0], alphas):
         for algorithm in algorithms:
             curves = [r["curve"] for r in results if r["algorithm"] == algorithm and r["alpha"] == alpha]
-            rounds = [x for x, _ in curves[0]]
-            mean = np.mean([[v for _, v in c] for c in curves], axis=0)
-            ax.plot(rounds, mean, label=algorithm)
-        ax.set_title(f"digits, Dirichlet α={alpha} (mean over seeds)")
+            plot_mean_band(ax, curves, algorithm)
+        ax.set_title(f"digits, Dirichlet α={alpha} (mean ± std over seeds)")
         ax.set_xlabel("round")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)

@@ -3,6 +3,7 @@ own loading code from tiny files written in the real on-disk formats (nothing is
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import pickle
 import struct
@@ -13,6 +14,7 @@ import pytest
 
 from fedray.config import ConfigError, DataConfig, SyntheticConfig
 from fedray.data import load_dataset
+from fedray.data.datasets import SYSTEM_DATA_DIRS
 
 # ---------------------------------------------------------------------------------------------
 # digits and synthetic
@@ -79,32 +81,159 @@ def md5(path: Path) -> str:
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
-    """An idx-ubyte file: magic (0, 0, 0x08 = uint8, ndim), big-endian int32 dims, raw bytes."""
+    """An idx-ubyte file: magic (0, 0, 0x08 = uint8, ndim), big-endian int32 dims, raw bytes;
+    gzip-compressed when the name ends in ``.gz`` (as the files are distributed)."""
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
+    payload = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
 
 
-@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fmnist", "FashionMNIST")])
-def test_mnist_family_from_idx_files(name: str, folder: str, tmp_path: Path) -> None:
-    raw = tmp_path / folder / "raw"
-    raw.mkdir(parents=True)
+def write_mnist_files(directory: Path, suffix: str = "") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The four MNIST-format files (5 train, 3 test images) in ``directory``; returns them."""
+    directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    images = {"train": rng.integers(0, 256, (5, 28, 28)), "t10k": rng.integers(0, 256, (3, 28, 28))}
-    labels = {"train": np.array([3, 1, 4, 1, 5]), "t10k": np.array([9, 2, 6])}
-    for split in ("train", "t10k"):
-        write_idx(raw / f"{split}-images-idx3-ubyte", images[split])
-        write_idx(raw / f"{split}-labels-idx1-ubyte", labels[split])
+    splits = {
+        "train": (rng.integers(0, 256, (5, 28, 28)), np.array([3, 1, 4, 1, 5])),
+        "t10k": (rng.integers(0, 256, (3, 28, 28)), np.array([9, 2, 6])),
+    }
+    for split, (images, labels) in splits.items():
+        write_idx(directory / f"{split}-images-idx3-ubyte{suffix}", images)
+        write_idx(directory / f"{split}-labels-idx1-ubyte{suffix}", labels)
+    return splits
 
-    train, test, info = load_dataset(DataConfig(name=name, root=str(tmp_path)), seed=0)
+
+@pytest.fixture
+def no_system_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Hide the Debian package's copy (if installed) so that only data.root is looked at."""
+    monkeypatch.setitem(SYSTEM_DATA_DIRS, "fmnist", tmp_path / "no-system-copy")
+
+
+def assert_mnist_arrays(train, test, info, splits) -> None:  # noqa: ANN001
     assert train.x.shape == (5, 1, 28, 28) and test.x.shape == (3, 1, 28, 28)
     assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
-    np.testing.assert_array_equal(train.x[:, 0], images["train"])
-    np.testing.assert_array_equal(test.x[:, 0], images["t10k"])
-    np.testing.assert_array_equal(train.y, labels["train"])
-    np.testing.assert_array_equal(test.y, labels["t10k"])
+    np.testing.assert_array_equal(train.x[:, 0], splits["train"][0])
+    np.testing.assert_array_equal(test.x[:, 0], splits["t10k"][0])
+    np.testing.assert_array_equal(train.y, splits["train"][1])
+    np.testing.assert_array_equal(test.y, splits["t10k"][1])
     assert (info.num_classes, info.channels, info.image_size) == (10, 1, 28)
     assert info.augmentation == "none"
     assert len(info.mean) == len(info.std) == 1
+
+
+@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fmnist", "FashionMNIST")])
+@pytest.mark.parametrize(
+    "layout,suffix",
+    [("torchvision", ""), ("torchvision", ".gz"), ("flat", ".gz"), ("flat", "")],
+)
+def test_mnist_family_from_idx_files(
+    name: str, folder: str, layout: str, suffix: str, tmp_path: Path, no_system_copy: None
+) -> None:
+    # torchvision's <root>/<Class>/raw/ layout (unzipped), or the files directly in data.root as
+    # distributed (gzipped, as Debian's dataset-fashion-mnist installs them).
+    directory = tmp_path / folder / "raw" if layout == "torchvision" else tmp_path
+    splits = write_mnist_files(directory, suffix)
+    train, test, info = load_dataset(DataConfig(name=name, root=str(tmp_path)), seed=0)
+    assert_mnist_arrays(train, test, info, splits)
+
+
+def test_fmnist_found_in_system_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system = tmp_path / "usr-share-datasets-fashion-mnist"
+    splits = write_mnist_files(system, ".gz")
+    monkeypatch.setitem(SYSTEM_DATA_DIRS, "fmnist", system)
+    cfg = DataConfig(name="fmnist", root=str(tmp_path / "empty-root"))
+    train, test, info = load_dataset(cfg, seed=0)
+    assert_mnist_arrays(train, test, info, splits)
+    # MNIST has no system copy: the same empty root is an error.
+    with pytest.raises(ConfigError, match="data.name=mnist"):
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path / "empty-root")), seed=0)
+
+
+@pytest.mark.parametrize(
+    "damage,expected",
+    [
+        (lambda raw: b"\x00\x00\x0c\x03" + raw[4:], "magic number 00000c03"),  # int32 type
+        (lambda raw: b"PK\x03\x04" + raw[4:], "magic number 504b0304"),  # a zip file
+        (lambda raw: raw[:-100], "truncated or corrupt"),
+        (lambda raw: raw[:6], "truncated header"),
+    ],
+)
+def test_malformed_idx_file_is_one_line_config_error(
+    damage, expected: str, tmp_path: Path, no_system_copy: None  # noqa: ANN001
+) -> None:
+    write_mnist_files(tmp_path, ".gz")
+    bad = tmp_path / "train-images-idx3-ubyte.gz"
+    bad.write_bytes(gzip.compress(damage(gzip.decompress(bad.read_bytes()))))
+    with pytest.raises(ConfigError) as error:
+        load_dataset(DataConfig(name="fmnist", root=str(tmp_path)), seed=0)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("data.name=fmnist: ") and str(bad) in message
+    assert expected in message
+
+
+def test_not_gzip_despite_suffix_is_config_error(tmp_path: Path, no_system_copy: None) -> None:
+    write_mnist_files(tmp_path, ".gz")
+    bad = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    bad.write_bytes(b"this is not gzip data")
+    with pytest.raises(ConfigError, match=f"data.name=mnist: {bad}: cannot be read"):
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path)), seed=0)
+
+
+def test_images_and_labels_of_different_length_is_config_error(
+    tmp_path: Path, no_system_copy: None
+) -> None:
+    write_mnist_files(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([1, 2]))
+    with pytest.raises(ConfigError, match="are not N images and N labels"):
+        load_dataset(DataConfig(name="fmnist", root=str(tmp_path)), seed=0)
+
+
+REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(
+    not REAL_FMNIST.is_dir(),
+    reason="Debian's dataset-fashion-mnist is not installed (apt-get install -y dataset-fashion-mnist)",
+)
+def test_real_fashion_mnist_from_the_debian_package(tmp_path: Path) -> None:
+    cfg = DataConfig(name="fmnist", root=str(tmp_path))  # no copy in data.root
+    train, test, info = load_dataset(cfg, seed=0)
+    assert train.x.shape == (60_000, 1, 28, 28) and test.x.shape == (10_000, 1, 28, 28)
+    np.testing.assert_array_equal(np.bincount(train.y), [6000] * 10)
+    np.testing.assert_array_equal(np.bincount(test.y), [1000] * 10)
+    # The published normalisation constants are those of these files.
+    assert train.x.mean() / 255 == pytest.approx(info.mean[0], abs=1e-3)
+    assert train.x.std() / 255 == pytest.approx(info.std[0], abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# training-set subset and validation split
+
+
+def test_max_train_samples_keeps_a_seeded_subset() -> None:
+    full, test, _ = load_dataset(DataConfig(), seed=0)
+    small, small_test, _ = load_dataset(DataConfig(max_train_samples=500), seed=0)
+    assert len(small) == 500
+    np.testing.assert_array_equal(small_test.y, test.y)  # the test set is untouched
+    rows = {row.tobytes() for row in full.x.reshape(len(full), -1)}
+    assert all(row.tobytes() in rows for row in small.x.reshape(500, -1))
+    again, _, _ = load_dataset(DataConfig(max_train_samples=500), seed=0)
+    np.testing.assert_array_equal(again.x, small.x)
+    other, _, _ = load_dataset(DataConfig(max_train_samples=500), seed=1)
+    assert not np.array_equal(other.y, small.y)
+    larger, _, _ = load_dataset(DataConfig(max_train_samples=10**6), seed=0)
+    assert len(larger) == len(full)
+
+
+def test_validation_fraction_evaluates_on_held_out_training_data() -> None:
+    full, test, _ = load_dataset(DataConfig(), seed=0)
+    train, validation, _ = load_dataset(DataConfig(validation_fraction=0.25), seed=0)
+    assert len(validation) == round(0.25 * len(full)) and len(train) + len(validation) == len(full)
+    full_rows = sorted(r.tobytes() for r in full.x.reshape(len(full), -1))
+    split_rows = sorted(r.tobytes() for r in np.concatenate([train.x, validation.x]).reshape(len(full), -1))
+    assert split_rows == full_rows  # a partition of the training set
+    test_rows = {r.tobytes() for r in test.x.reshape(len(test), -1)}
+    assert not any(r.tobytes() in test_rows for r in validation.x.reshape(len(validation), -1))
 
 
 def cifar_rows(num_images: int, rng: np.random.Generator) -> np.ndarray:
@@ -260,7 +389,7 @@ def test_tiny_imagenet_from_image_folder(tmp_path: Path) -> None:
 
 MISSING_FILE_HINTS = {
     "mnist": "MNIST/raw/",
-    "fmnist": "FashionMNIST/raw/",
+    "fmnist": "apt-get install -y dataset-fashion-mnist",
     "cifar10": "cifar-10-batches-py/",
     "cifar100": "cifar-100-python/",
     "svhn": "train_32x32.mat",
@@ -269,7 +398,9 @@ MISSING_FILE_HINTS = {
 
 
 @pytest.mark.parametrize("name", sorted(MISSING_FILE_HINTS))
-def test_missing_data_directory_is_config_error(name: str, tmp_path: Path) -> None:
+def test_missing_data_directory_is_config_error(
+    name: str, tmp_path: Path, no_system_copy: None
+) -> None:
     root = tmp_path / "nothing-here"
     with pytest.raises(ConfigError) as error:
         load_dataset(DataConfig(name=name, root=str(root)), seed=0)
@@ -285,3 +416,17 @@ def test_incomplete_cifar_directory_is_config_error(tmp_path: Path) -> None:
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"truncated")
     with pytest.raises(ConfigError, match="data.download"):
         load_dataset(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
+
+
+FMNIST_SWEEPS = sorted((Path(__file__).resolve().parent.parent / "tune_configs" / "fmnist").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", FMNIST_SWEEPS, ids=lambda p: p.stem)
+def test_fmnist_sweeps_tune_on_a_validation_split(path: Path) -> None:
+    from fedray.tune.spec import load_sweep
+
+    spec = load_sweep(path)
+    assert "train.lr" in spec.space
+    for values in spec.trial_shapes():
+        config = spec.trial_config(values)
+        assert config.data.name == "fmnist" and config.data.validation_fraction > 0

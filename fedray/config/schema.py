@@ -70,6 +70,16 @@ class DataConfig(Section):
         description="share of the training set held out (seeded) before partitioning as an "
         "unlabelled public set disjoint from every client (FederatedDataset.public)",
     )
+    max_train_samples: int | None = Field(
+        None, gt=0, description="keep a seeded random subset of this many training samples (None: all)"
+    )
+    validation_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="hold out this seeded share of the training set and evaluate on it instead of "
+        "the test set (tune on it; 0: the test set)",
+    )
     augmentation: Literal["auto", "none", "crop_flip"] = "auto"
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 

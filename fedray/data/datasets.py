@@ -1,10 +1,17 @@
 """Load a dataset named by ``data.name`` into uint8 ``[N, C, H, W]`` arrays.
 
-``digits`` ships inside scikit-learn and ``synthetic`` is generated, so neither needs files. The
-torchvision sets are read through torchvision's own dataset classes (their array attributes, never
-per-sample PIL images) from ``data.root``; Tiny-ImageNet is read from its image-folder layout. A
-missing data directory is a :class:`~fedray.config.ConfigError` that says where the files should be
-and how to get them. torchvision and scikit-learn are imported inside the loaders so that importing
+``digits`` ships inside scikit-learn and ``synthetic`` is generated, so neither needs files. MNIST
+and Fashion-MNIST are read from their original (gzipped) IDX files where they lie (:mod:`fedray.data.idx`):
+directly in ``data.root``, in torchvision's ``<root>/<Class>/raw/`` layout or, for Fashion-MNIST,
+where Debian's ``dataset-fashion-mnist`` package installs them. CIFAR and SVHN are read through
+torchvision's own dataset classes (their array attributes, never per-sample PIL images) from
+``data.root``; Tiny-ImageNet is read from its image-folder layout. A missing data directory or a
+malformed file is a :class:`~fedray.config.ConfigError` that says where the files should be and how
+to get them.
+
+``data.max_train_samples`` keeps a seeded random subset of the training set and
+``data.validation_fraction`` replaces the test set by a seeded held-out share of the training set
+(for tuning without touching the test set). torchvision and scikit-learn are imported inside the loaders so that importing
 :mod:`fedray.data` stays light.
 
 Default augmentation (``data.augmentation=auto``): ``crop_flip`` for CIFAR-10/100, SVHN and
@@ -22,6 +29,7 @@ import numpy as np
 
 from fedray.config import ConfigError, DataConfig
 from fedray.data.base import ArrayDataset, DatasetInfo
+from fedray.data.idx import IdxFormatError, has_idx_files, read_idx_split
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 
@@ -41,12 +49,13 @@ class _TorchvisionSource:
 _TORCHVISION_SOURCES = {
     "mnist": _TorchvisionSource(
         "MNIST", 10, (0.1307,), (0.3081,), "none",
-        "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (the four unzipped idx files)",
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) "
+        "directly or in MNIST/raw/",
     ),
     "fmnist": _TorchvisionSource(
         "FashionMNIST", 10, (0.2860,), (0.3530,), "none",
-        "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte "
-        "(the four unzipped idx files)",
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) "
+        "directly or in FashionMNIST/raw/",
     ),
     "cifar10": _TorchvisionSource(
         "CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip",
@@ -62,6 +71,11 @@ _TORCHVISION_SOURCES = {
         "train_32x32.mat and test_32x32.mat (the cropped-digits .mat files) directly",
     ),
 }
+# Where a system package installs a dataset's files, looked at when data.root has no copy, and the
+# command that installs it (named in the missing-files error).
+SYSTEM_DATA_DIRS = {"fmnist": Path("/usr/share/datasets/fashion-mnist")}
+_SYSTEM_PACKAGES = {"fmnist": "apt-get install -y dataset-fashion-mnist"}
+_HOLD_OUT_STREAMS = {"subset": 0x5355, "validation": 0x5641}  # independent of other draws
 _TINY_IMAGENET_STATS = ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821))
 _TINY_IMAGENET_FILES = (
     "tiny-imagenet-200/ with wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG and "
@@ -75,6 +89,8 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
     ``digits`` and ``synthetic`` are split (seeded by ``seed``) with ``cfg.test_fraction``; the
     others use their official train/test splits (Tiny-ImageNet: its labelled val set is the test
     set). ``info.augmentation`` is the dataset's default unless ``cfg.augmentation`` names one.
+    Then ``cfg.max_train_samples`` subsamples the training set and ``cfg.validation_fraction > 0``
+    makes a held-out share of it the returned test set (both seeded by ``seed``).
     """
     if cfg.name == "digits":
         train, test = _load_digits(cfg.test_fraction, seed)
@@ -85,11 +101,23 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
     elif cfg.name == "tinyimagenet":
         train, test, num_classes = _load_tiny_imagenet(Path(cfg.root), cfg.download)
         default_augmentation, stats = "crop_flip", _TINY_IMAGENET_STATS
+    elif cfg.name in ("mnist", "fmnist"):
+        source = _TORCHVISION_SOURCES[cfg.name]
+        train, test = _load_idx(cfg.name, source, Path(cfg.root), cfg.download)
+        num_classes, default_augmentation = source.num_classes, source.augmentation
+        stats = (source.mean, source.std)
     else:
         source = _TORCHVISION_SOURCES[cfg.name]
         train, test = _load_torchvision(cfg.name, source, Path(cfg.root), cfg.download)
         num_classes, default_augmentation = source.num_classes, source.augmentation
         stats = (source.mean, source.std)
+    if cfg.max_train_samples is not None and cfg.max_train_samples < len(train):
+        kept, _ = hold_out(len(train), cfg.max_train_samples, seed, _HOLD_OUT_STREAMS["subset"])
+        train = ArrayDataset(train.x[kept], train.y[kept])
+    if cfg.validation_fraction > 0:
+        size = max(1, round(cfg.validation_fraction * len(train)))
+        held, rest = hold_out(len(train), size, seed, _HOLD_OUT_STREAMS["validation"])
+        train, test = ArrayDataset(train.x[rest], train.y[rest]), ArrayDataset(train.x[held], train.y[held])
     mean, std = stats if stats is not None else _channel_stats(train.x)
     info = DatasetInfo(
         name=cfg.name,
@@ -101,6 +129,13 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         augmentation=default_augmentation if cfg.augmentation == "auto" else cfg.augmentation,
     )
     return train, test, info
+
+
+def hold_out(num_samples: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded ``size``-sample subset of ``0..num_samples-1`` and the remaining indices, both
+    ascending. ``stream`` keeps draws for different purposes independent under one seed."""
+    held = np.sort(np.random.default_rng([seed, stream]).choice(num_samples, size, replace=False))
+    return held, np.setdiff1d(np.arange(num_samples), held)
 
 
 def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -150,11 +185,45 @@ def _missing_files_error(
     name: str, directory: Path, expected: str, reason: Exception
 ) -> ConfigError:
     """The error for absent or incomplete files: where they were looked for and how to get them."""
+    package = (
+        f"install Debian's package ({_SYSTEM_PACKAGES[name]}; files in {SYSTEM_DATA_DIRS[name]}), "
+        if name in _SYSTEM_PACKAGES
+        else ""
+    )
     return ConfigError(
         f"data.name={name}: dataset files not found or incomplete in {directory.resolve()} "
-        f"({reason}). Either download them with --set data.download=true (needs internet), or "
-        f"place {expected} under data.root ({directory})."
+        f"({reason}). Either {package}download them with --set data.download=true (needs "
+        f"internet), or place {expected} under data.root ({directory})."
     )
+
+
+def _load_idx(
+    name: str, source: _TorchvisionSource, root: Path, download: bool
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """MNIST / Fashion-MNIST from the first directory holding the four IDX files: ``root``,
+    torchvision's ``root/<Class>/raw`` or the system package's directory. With ``download`` and
+    none found, torchvision downloads them into ``root/<Class>/raw``."""
+    torchvision_raw = root / source.class_name / "raw"
+    candidates = [root, torchvision_raw]
+    if name in SYSTEM_DATA_DIRS:
+        candidates.append(SYSTEM_DATA_DIRS[name])
+    directory = next((d for d in candidates if has_idx_files(d)), None)
+    if directory is None and download:
+        import torchvision.datasets
+
+        try:
+            getattr(torchvision.datasets, source.class_name)(root, train=True, download=True)
+        except (RuntimeError, OSError) as error:
+            raise _missing_files_error(name, root, source.expected_files, error) from None
+        directory = torchvision_raw
+    if directory is None:
+        looked = ", ".join(str(d) for d in candidates)
+        reason = FileNotFoundError(f"looked in {looked}")
+        raise _missing_files_error(name, root, source.expected_files, reason)
+    try:
+        return read_idx_split(directory, "train"), read_idx_split(directory, "test")
+    except IdxFormatError as error:
+        raise ConfigError(f"data.name={name}: {error}") from None
 
 
 def _load_torchvision(
@@ -178,8 +247,6 @@ def _arrays_of(name: str, split: object) -> ArrayDataset:
     """The uint8 ``[N, C, H, W]`` images and int64 labels held by a torchvision dataset object."""
     if name == "svhn":  # already [N, 3, 32, 32]; labels with digit 0 mapped from 10 to 0
         x, y = np.asarray(split.data), np.asarray(split.labels)  # type: ignore[attr-defined]
-    elif name in ("mnist", "fmnist"):  # torch uint8 [N, 28, 28]
-        x, y = split.data.numpy()[:, None], split.targets.numpy()  # type: ignore[attr-defined]
     else:  # CIFAR: numpy [N, 32, 32, 3], list of labels
         x = np.asarray(split.data).transpose(0, 3, 1, 2)  # type: ignore[attr-defined]
         y = np.asarray(split.targets)  # type: ignore[attr-defined]

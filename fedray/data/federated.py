@@ -6,7 +6,7 @@ import numpy as np
 
 from fedray.config import DataConfig
 from fedray.data.base import ClientPartition, FederatedDataset
-from fedray.data.datasets import load_dataset
+from fedray.data.datasets import hold_out, load_dataset
 from fedray.data.partition import partition_labels, split_client_test
 
 _PUBLIC_STREAM = 0x5055  # keeps the public draw independent of the partition's draws with the same seed
@@ -36,6 +36,4 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
 def hold_out_public(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A seeded ``round(fraction · N)``-sample (at least 1) public subset of ``0..N-1`` and the
     remaining indices, both ascending."""
-    size = max(1, round(fraction * num_samples))
-    public = np.sort(np.random.default_rng([seed, _PUBLIC_STREAM]).choice(num_samples, size, replace=False))
-    return public, np.setdiff1d(np.arange(num_samples), public)
+    return hold_out(num_samples, max(1, round(fraction * num_samples)), seed, _PUBLIC_STREAM)
