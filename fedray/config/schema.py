@@ -23,9 +23,10 @@ MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18")
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+    """Base of every config section: unknown keys are errors, assignments are re-validated, ±inf
+    survives ``to_dict()`` (e.g. ``algorithm.dapu_threshold: .inf``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
 
 
 class SyntheticConfig(Section):
