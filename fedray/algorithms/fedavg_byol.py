@@ -61,5 +61,4 @@ class FedAvgBYOL(SiameseAlgorithm):
     ) -> dict[str, float]:
         online, _ = self._split(ctx.model, broadcast["weights"])
         set_flat_weights(ctx.model, online, ONLINE_PREFIXES)
-        result = self.probe(ctx, train, test)
-        return {"probe_accuracy": result["accuracy"], "test_accuracy": result["accuracy"], "test_loss": result["loss"]}
+        return self.probe_metrics(ctx, train, test)

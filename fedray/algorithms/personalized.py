@@ -79,26 +79,32 @@ class ParameterSplit:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, personal_prefixes: tuple[str, ...]) -> "ParameterSplit":
-        """The split of ``model``'s flat layout (floating-point state-dict entries, in order)."""
-        is_personal: list[Tensor] = []
-        personal_keys = []
-        for key, value in model.state_dict().items():
-            if value.is_floating_point():
-                personal = key.startswith(personal_prefixes)  # False for every key when there are no prefixes
-                is_personal.append(torch.full((value.numel(),), personal))
-                if personal:
-                    personal_keys.append(key)
+        """The split of ``model``'s flat layout (floating-point state-dict entries, in order) whose π
+        is every entry starting with one of ``personal_prefixes``."""
+        floating = [key for key, value in model.state_dict().items() if value.is_floating_point()]
+        personal_keys = [key for key in floating if key.startswith(personal_prefixes)]  # none when there are no prefixes
         unmatched = [p for p in personal_prefixes if not any(k.startswith(p) for k in personal_keys)]
         if unmatched:
             raise ValueError(
                 f"algorithm.personal_prefixes: {unmatched} match no state-dict key of {type(model).__name__} "
                 f"(its keys start with {sorted({k.split('.')[0] + '.' for k in model.state_dict()})})"
             )
-        mask = torch.cat(is_personal)
+        return cls.from_keys(model, personal_keys)
+
+    @classmethod
+    def from_keys(cls, model: torch.nn.Module, personal_keys: list[str]) -> "ParameterSplit":
+        """The split whose π is exactly the floating-point state-dict entries ``personal_keys``
+        (FedBN's BatchNorm entries, which no prefix selects)."""
+        wanted = set(personal_keys)
+        floating = [(key, value) for key, value in model.state_dict().items() if value.is_floating_point()]
+        unknown = wanted - {key for key, _ in floating}
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} are not floating-point state-dict entries of {type(model).__name__}")
+        mask = torch.cat([torch.full((value.numel(),), key in wanted) for key, value in floating])
         return cls(
             shared_index=torch.nonzero(~mask).flatten(),
             personal_index=torch.nonzero(mask).flatten(),
-            personal_keys=tuple(personal_keys),
+            personal_keys=tuple(key for key, _ in floating if key in wanted),
         )
 
     @property
@@ -153,7 +159,12 @@ class PersonalizedAlgorithm(Algorithm):
         super().__init__(config, info)
         with torch.device("meta"):  # shapes only: no memory, no draw from the global RNG
             shapes = self.build_model(self.model_key(None))
-        self.split = ParameterSplit.from_model(shapes, self.personal_prefixes())
+        self.split = self.make_split(shapes)
+
+    def make_split(self, model: FedModel) -> ParameterSplit:
+        """φ/π of ``model`` (a shapes-only copy): by ``personal_prefixes`` unless a subclass selects
+        π otherwise (FedBN: by module type)."""
+        return ParameterSplit.from_model(model, self.personal_prefixes())
 
     def personal_prefixes(self) -> tuple[str, ...]:
         return tuple(self.params.personal_prefixes)

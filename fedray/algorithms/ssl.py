@@ -233,3 +233,9 @@ class SiameseAlgorithm(Algorithm):
             train_features, train[1], test_features, test[1], p.probe_out_dim or self.info.num_classes,
             p.probe_epochs, p.probe_lr, p.probe_batch_size, ctx.generator,
         )
+
+    def probe_metrics(self, ctx: ClientContext, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> dict[str, float]:
+        """:meth:`probe` as the round metrics of a global encoder: ``probe_accuracy`` (also
+        ``test_accuracy``) and ``test_loss``."""
+        result = self.probe(ctx, train, test)
+        return {"probe_accuracy": result["accuracy"], "test_accuracy": result["accuracy"], "test_loss": result["loss"]}
