@@ -50,14 +50,11 @@ Broadcast = dict[str, Any]
 
 
 class AlgorithmParams(BaseModel):
-    """Base of every algorithm's ``Params``: unknown ``algorithm.*`` keys are errors. ±inf values
-    (e.g. ``dapu_threshold: .inf``) survive the JSON-mode dump the config loader stores."""
+    """Base of every algorithm's ``Params``: unknown ``algorithm.*`` keys are errors, and floats must
+    be finite unless a field allows ±inf (``Field(allow_inf_nan=True, ge=...)``, e.g. FedU's
+    ``dapu_threshold: .inf``); such values survive the JSON-mode dump the config loader stores."""
 
-<<<<<<< HEAD
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-=======
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
->>>>>>> f-baselines2
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, ser_json_inf_nan="constants")
 
 
 @dataclass

@@ -23,17 +23,11 @@ MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18")
 
 
 class Section(BaseModel):
-<<<<<<< HEAD
     """Base of every config section: unknown keys are errors, assignments are re-validated, and
-    floats must be finite (``.inf``/``nan`` would reach the optimiser or the partitioner)."""
+    floats must be finite (``.inf``/``nan`` would reach the optimiser or the partitioner) unless a field
+    says otherwise; such ±inf values survive ``to_dict()``."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-=======
-    """Base of every config section: unknown keys are errors, assignments are re-validated, ±inf
-    survives ``to_dict()`` (e.g. ``algorithm.dapu_threshold: .inf``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
->>>>>>> f-baselines2
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, ser_json_inf_nan="constants")
 
 
 class SyntheticConfig(Section):
