@@ -36,8 +36,9 @@ def final_server_state(run_dir) -> dict:
         (["algorithm.name=fedavgm", "algorithm.server_momentum=0.4"], ["server_m"], []),
         (["algorithm.name=fedadam", "algorithm.server_lr=0.01"], ["server_m", "server_v"], []),
         (["algorithm.name=fedprox", "algorithm.server_optimizer=yogi"], ["server_m", "server_v"], ["proximal"]),
+        (["algorithm.name=scaffold"], ["control"], ["ce"]),
     ],
-    ids=["fedavgm", "fedadam", "fedprox+yogi"],
+    ids=["fedavgm", "fedadam", "fedprox+yogi", "scaffold"],
 )
 def test_baseline_trains_on_ray(ray_session, tmp_path, overrides, server_keys, client_terms):
     summary = run_experiment(tiny_config(tmp_path, *overrides), progress=False)
@@ -48,13 +49,20 @@ def test_baseline_trains_on_ray(ray_session, tmp_path, overrides, server_keys, c
     state = final_server_state(tmp_path / "run")
     for key in server_keys:
         assert torch.isfinite(state[key]).all() and bool((state[key] != 0).any()), key
+    if "control" in server_keys:  # SCAFFOLD: every trained client stored a non-zero c_i
+        stored = [torch.load(path, weights_only=True)["control"] for path in (tmp_path / "run" / "client_state").rglob("r*.pt")]
+        assert stored and all(bool((c != 0).any()) for c in stored)
     clients = read_metrics(tmp_path / "run", "client")
     for term in client_terms:
         values = [row[term] for row in clients if row.get(term) is not None]
         assert values and all(math.isfinite(v) for v in values) and any(v > 0 for v in values), term
 
 
-@pytest.mark.parametrize("overrides", [["algorithm.name=fedadam", "algorithm.server_lr=0.01"]], ids=["fedadam"])
+@pytest.mark.parametrize(
+    "overrides",
+    [["algorithm.name=fedadam", "algorithm.server_lr=0.01"], ["algorithm.name=scaffold"]],
+    ids=["fedadam", "scaffold"],
+)
 def test_resume_continues_the_server_and_client_state(ray_session, tmp_path, overrides):
     common = [*overrides, "data.num_clients=4", "train.clients_per_round=2", "train.rounds=4", "train.local_epochs=1",
               "resources.num_workers=1", "checkpoint.every=2"]
