@@ -36,3 +36,11 @@ class Federation:
 
     def client_state(self, client_id: int) -> dict[str, torch.Tensor] | None:
         return self.worker.state_store.load(client_id, self.versions[client_id], torch.device("cpu"))
+
+
+def assert_same_round_as(tmp_path, overrides: list[str], reference: list[str], clients: tuple[int, ...] = (0, 2, 5)) -> None:
+    """One round of ``overrides`` gives bit-identical global weights to one of ``reference``."""
+    first, second = Federation(tmp_path / "first", overrides), Federation(tmp_path / "second", reference)
+    first.run_round(1, list(clients))
+    second.run_round(1, list(clients))
+    assert torch.equal(first.state["weights"], second.state["weights"])

@@ -11,31 +11,28 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import Broadcast, ClientContext, ClientUpdate, weighted_weights_sums
-from fedray.algorithms.local import local_train
+from fedray.algorithms.base import Broadcast, ClientContext
+from fedray.algorithms.fedavg import FedAvg, FedAvgParams
+from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import proximal_term
-from fedray.algorithms.server_optimizers import ServerOptimizedAlgorithm, ServerOptimizerParams
-from fedray.models import set_flat_weights
 
 
-class FedProxParams(ServerOptimizerParams):
+class FedProxParams(FedAvgParams):
     mu: float = Field(0.01, ge=0, description="proximal weight μ")
 
 
-class FedProx(ServerOptimizedAlgorithm):
+class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams
 
-    def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
-        model = ctx.model
-        set_flat_weights(model, broadcast["weights"])
+    def local_loss(self, ctx: ClientContext, broadcast: Broadcast) -> LossFn:
+        model, mu = ctx.model, self.params.mu
         global_parameters = [p.detach().clone() for p in model.parameters()]
-        mu = self.params.mu
 
         def loss_fn(x: torch.Tensor, y: torch.Tensor):
             ce = F.cross_entropy(model(x), y)
             proximal = proximal_term(model.parameters(), global_parameters)
             return ce + 0.5 * mu * proximal, {"ce": ce.detach(), "proximal": proximal.detach()}
 
-        metrics = local_train(ctx, loss_fn)
-        return ClientUpdate(sums=weighted_weights_sums(model, ctx.num_samples), metrics=metrics)
+        return loss_fn

@@ -121,7 +121,7 @@ class Scaffold(ServerOptimizedAlgorithm):
         metrics = local_train(ctx, loss_fn)
         y_flat = get_flat_weights(model)
         steps = effective_local_steps(local_steps(ctx.num_samples, ctx.train), ctx.train.momentum)
-        mask = self.server_optimizer.mask.to(ctx.device)
+        mask = self.parameter_mask.to(ctx.device)
         new_control = torch.where(mask, own_control - control + (x - y_flat) / (steps * ctx.lr), 0.0)
         weight = ctx.num_samples if self.params.weighting == "samples" else 1
         sums = {**weighted_sums(y_flat, weight), "delta_control": (new_control - own_control).double()}

@@ -50,7 +50,6 @@ from pydantic import Field
 
 from fedray.algorithms.base import Algorithm, AlgorithmParams, RoundResults, ServerState, Tensor
 from fedray.models import FedModel
-from fedray.models.weights import parameter_mask
 
 ServerOptimizerName = Literal["none", "avgm", "adam", "yogi", "adagrad"]
 ADAPTIVE = ("adam", "yogi", "adagrad")
@@ -133,9 +132,7 @@ class ServerOptimizedAlgorithm(Algorithm):
 
     @cached_property
     def server_optimizer(self) -> ServerOptimizer:
-        with torch.device("meta"):  # shapes only: no memory, no draw from the global RNG
-            shapes = self.build_model(self.model_key(None))
-        return ServerOptimizer(self.params, parameter_mask(shapes))
+        return ServerOptimizer(self.params, self.parameter_mask)
 
     def init_server_state(self, model: FedModel) -> ServerState:
         return {**super().init_server_state(model), **self.server_optimizer.init_state()}

@@ -70,6 +70,7 @@ class ClientWorker:
         self.y_test = _as_tensor(data.test.y, self.device)
         public = self.algorithm.public_indices(data)
         self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
+        self.mean_client_samples = float(np.mean(data.clients.sizes))
         self.models: dict[str, FedModel] = {}
         self.state_store = ClientStateStore(Path(run_dir) / "client_state")
         self.fault = fault
@@ -104,6 +105,7 @@ class ClientWorker:
             x_test=x_test,
             y_test=y_test,
             x_public=self.x_public,
+            mean_client_samples=self.mean_client_samples,
         )
 
     def _maybe_fail(self, round: int, clients_done: int) -> None:
