@@ -11,7 +11,7 @@ from fedray.algorithms.base import ClientUpdate
 from fedray.algorithms.fedproto import nearest_prototype_logits
 from fedray.algorithms.losses import model_contrastive_loss
 from fedray.algorithms.moon import MOON, PREVIOUS_MODEL
-from fedray.config import ConfigError
+from fedray.config import ConfigError, load_config
 from fedray.models import get_flat_weights, num_flat_weights
 from test_alg_fedsc import context, global_accuracy, initial_model, results_of, setup, simulate
 
@@ -107,8 +107,8 @@ def test_model_contrastive_loss_by_hand():
 
 
 def test_moon_requires_a_projection_head():
-    config, data, _ = setup("fedavg")
-    config.algorithm.name = "moon"
+    _, data, _ = setup("fedavg")
+    config = load_config(None, ["algorithm.name=moon"])  # no model.projection_dim
     with pytest.raises(ConfigError, match="model.projection_dim"):
         MOON(config, data.info)
 

@@ -259,7 +259,7 @@ def test_every_shipped_sweep_file_is_valid(path):
     if missing:
         pytest.skip(f"algorithm(s) {', '.join(missing)} not registered yet")
     spec = load_sweep(path)
-    assert 1 <= spec.num_trials <= 100
+    assert 1 <= spec.num_trials <= (200 if path.stem == "compare_algorithms" else 100)  # the comparison table is large by design
     assert all(spec.trial_config(values).data.name == "digits" for values in spec.trial_shapes())
 
 

@@ -32,7 +32,9 @@ which the runtime seeds from ``(seed, round, client_id)`` before each client (do
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
@@ -43,6 +45,7 @@ from pydantic import BaseModel, ConfigDict
 from fedray.config import RunConfig, TrainConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
+from fedray.models.weights import parameter_mask
 
 Tensor = torch.Tensor
 ServerState = dict[str, Any]
@@ -76,6 +79,7 @@ class ClientContext:
     x_test: Tensor | None = None  # the client's held-out split (personalised evaluation)
     y_test: Tensor | None = None
     x_public: Tensor | None = None  # uint8 public images named by Algorithm.public_indices, on `device`
+    mean_client_samples: float | None = None  # mean training-split size over all clients (FedDyn's α_k)
 
     @property
     def num_samples(self) -> int:
@@ -136,6 +140,14 @@ class Algorithm:
 
     def build_model(self, key: str) -> FedModel:
         return build_model(self.config.model, self.info)
+
+    @cached_property
+    def parameter_mask(self) -> Tensor:
+        """CPU ``bool`` over the global model's flat layout: True at parameters, False at float
+        buffers (server optimizers, control variates and FedDyn's state live on parameters only)."""
+        with torch.device("meta"):  # shapes only: no memory, no draw from the global RNG
+            shapes = self.build_model(self.model_key(None))
+        return parameter_mask(shapes)
 
     def public_indices(self, data: FederatedDataset) -> np.ndarray | None:
         """Training-set indices of the unlabelled public images every client sees as
@@ -200,6 +212,23 @@ class Algorithm:
 
 
 # --------------------------------------------------------------------- shared pieces
+
+
+class FrozenCopies:
+    """Worker-local frozen copies of a client's model architecture (eval mode, no gradients), one per
+    role (MOON's received global and previous local models, FedNTD's global teacher). Copied from
+    the model, not built, so that no random initialisation consumes the client's seeded RNG."""
+
+    def __init__(self) -> None:
+        self._copies: dict[str, FedModel] = {}
+
+    def load(self, role: str, model: FedModel, flat: Tensor, prefixes: tuple[str, ...] | None = None) -> FedModel:
+        """The frozen copy for ``role``, holding ``flat`` (restricted to ``prefixes``)."""
+        if role not in self._copies:
+            self._copies[role] = copy.deepcopy(model).eval().requires_grad_(False)
+        frozen = self._copies[role]
+        set_flat_weights(frozen, flat, prefixes)
+        return frozen
 
 
 def weighted_mean(sums: dict[str, Tensor], key: str = "weights", weight_key: str = "num_samples") -> Tensor:

@@ -1,7 +1,8 @@
 """FedProx (Li et al., MLSys 2020): FedAvg plus a proximal term on the local objective.
 
 Local loss: ``CE(f(x), y) + μ/2 · ‖w − w_global‖²`` (paper Eq. 2), μ = ``algorithm.mu``. With μ = 0
-it is exactly FedAvg. Aggregation is FedAvg's sample-weighted mean.
+it is exactly FedAvg. Aggregation is FedAvg's sample-weighted mean, optionally followed by a server
+optimizer (``algorithm.server_optimizer``, :mod:`fedray.algorithms.server_optimizers`).
 """
 
 from __future__ import annotations
@@ -10,36 +11,28 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import (
-    Algorithm,
-    AlgorithmParams,
-    Broadcast,
-    ClientContext,
-    ClientUpdate,
-    weighted_weights_sums,
-)
-from fedray.algorithms.local import local_train
-from fedray.models import set_flat_weights
+from fedray.algorithms.base import Broadcast, ClientContext
+from fedray.algorithms.fedavg import FedAvg, FedAvgParams
+from fedray.algorithms.local import LossFn
+from fedray.algorithms.losses import proximal_term
 
 
-class FedProxParams(AlgorithmParams):
+class FedProxParams(FedAvgParams):
     mu: float = Field(0.01, ge=0, description="proximal weight μ")
 
 
-class FedProx(Algorithm):
+class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams
 
-    def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
-        model = ctx.model
-        set_flat_weights(model, broadcast["weights"])
+    def local_loss(self, ctx: ClientContext, broadcast: Broadcast) -> LossFn:
+        model, mu = ctx.model, self.params.mu
         global_parameters = [p.detach().clone() for p in model.parameters()]
-        mu = self.params.mu
 
         def loss_fn(x: torch.Tensor, y: torch.Tensor):
             ce = F.cross_entropy(model(x), y)
-            proximal = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), global_parameters))
+            proximal = proximal_term(model.parameters(), global_parameters)
             return ce + 0.5 * mu * proximal, {"ce": ce.detach(), "proximal": proximal.detach()}
 
-        metrics = local_train(ctx, loss_fn)
-        return ClientUpdate(sums=weighted_weights_sums(model, ctx.num_samples), metrics=metrics)
+        return loss_fn

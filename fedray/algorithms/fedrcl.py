@@ -50,6 +50,10 @@ multiplies the rate by ``0.998^e`` in local epoch e; it is done by restarting th
 epoch, which is exact for the momentum-free SGD FedRCL uses, so it is refused with momentum or Adam
 (set it to 1 there). ``algorithm.weighted`` (False, spec §8.10) picks the sample-weighted mean instead
 of the paper's unweighted mean of client models. Mixed precision is not part of the runtime.
+
+Server optimizers (FedRCL's Table 5 / B combine client methods with FedAvgM and FedADAM):
+``algorithm.server_optimizer`` and the ``server_*`` keys of
+:mod:`fedray.algorithms.server_optimizers` step the global model along the mean's pseudo-gradient.
 """
 
 from __future__ import annotations
@@ -62,8 +66,6 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from fedray.algorithms.base import (
-    Algorithm,
-    AlgorithmParams,
     Broadcast,
     ClientContext,
     ClientUpdate,
@@ -71,6 +73,7 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.local import LossFn, local_train
 from fedray.algorithms.losses import batch_cosine_similarities, supervised_contrastive_per_anchor
+from fedray.algorithms.server_optimizers import ServerOptimizedAlgorithm, ServerOptimizerParams
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import set_flat_weights
@@ -84,7 +87,7 @@ _ABOVE_ANY_SIMILARITY = 3.0
 _BELOW_ANY_SIMILARITY = -3.0
 
 
-class FedRCLParams(AlgorithmParams):
+class FedRCLParams(ServerOptimizerParams):
     variant: Literal["official", "paper"] = Field(
         "official", description="official: hard-mined loss of the authors' code; paper: Eq. (5)"
     )
@@ -213,7 +216,7 @@ def multi_level_rcl_terms(taps: Sequence[Tensor], labels: Tensor, params: FedRCL
 # --------------------------------------------------------------------- the algorithm
 
 
-class FedRCL(Algorithm):
+class FedRCL(ServerOptimizedAlgorithm):
     name = "fedrcl"
     Params = FedRCLParams
     params: FedRCLParams

@@ -11,12 +11,17 @@ in which anchors they compare against and which anchors count as positives:
 
 :func:`prototype_distance` is the pull toward a target prototype (FedSC's CPDR, FedProto's
 regulariser). None of these lets a gradient reach the anchors / prototypes. The in-batch
-supervised contrastive pieces at the end of the module serve FedRCL.
+supervised contrastive pieces serve FedRCL.
+
+The global-model baselines' terms close the module: :func:`proximal_term` (FedProx, FedDyn),
+:func:`linear_term` (SCAFFOLD's and FedDyn's gradient corrections), :func:`logit_calibrated_cross_entropy`
+(FedLC), :func:`not_true_distillation` (FedNTD) and :func:`decorrelation_loss` (FedDecorr). FedProc's
+prototype InfoNCE is :func:`prototype_contrastive_loss` with one prototype per class.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Iterable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -196,3 +201,65 @@ def supervised_contrastive_per_anchor(
     elif pos_reduction != "sum":
         raise ValueError(f"unknown pos_reduction {pos_reduction!r}; expected 'mean' or 'sum'")
     return losses, counts > 0
+
+
+# --------------------------------------------------------------------- global-model baselines
+
+
+def proximal_term(parameters: Iterable[Tensor], anchors: Iterable[Tensor]) -> Tensor:
+    """``Σ_p ‖p − a_p‖²`` over matching parameter / anchor tensors (FedProx Eq. 2 and FedDyn's
+    quadratic term, both without their ½·weight)."""
+    return sum(((p - a) ** 2).sum() for p, a in zip(parameters, anchors, strict=True))
+
+
+def linear_term(parameters: Iterable[Tensor], directions: Iterable[Tensor]) -> Tensor:
+    """``Σ_p ⟨d_p, p⟩`` with the directions detached: added to a loss, it adds ``d`` to every
+    gradient, so momentum, weight decay and clipping act on the corrected gradient (SCAFFOLD's
+    ``c − c_i``, FedDyn's ``α λ_k``)."""
+    return sum((p * d.detach()).sum() for p, d in zip(parameters, directions, strict=True))
+
+
+def logit_calibrated_cross_entropy(
+    logits: Tensor, labels: Tensor, class_counts: Tensor, tau: float, absent_classes: Literal["exclude", "clamp"] = "exclude"
+) -> Tensor:
+    """FedLC's calibrated loss (Zhang et al., ICML 2022): cross-entropy of ``z_c − τ · n_c^{−1/4}``
+    (softmax over all classes), with ``n_c`` the client's training count of class c ``[C]``.
+
+    ``exclude``: classes with ``n_c = 0`` get margin ∞, i.e. they drop out of the softmax (their
+    logits get no gradient); ``clamp``: ``n_c ← max(n_c, 1e-8)``. τ = 0 is plain cross-entropy
+    (never masked: 0·∞ would be NaN). Computed with log-softmax in float32."""
+    if tau == 0:
+        return F.cross_entropy(logits, labels)
+    counts = class_counts.to(device=logits.device, dtype=torch.float32)
+    if absent_classes == "clamp":
+        margins = tau * counts.clamp_min(1e-8).pow(-0.25)
+    else:
+        margins = torch.where(counts > 0, tau * counts.clamp_min(1).pow(-0.25), torch.inf)
+    return F.cross_entropy(logits.float() - margins.unsqueeze(0), labels)
+
+
+def not_true_distillation(local_logits: Tensor, global_logits: Tensor, labels: Tensor, tau: float) -> Tensor:
+    """FedNTD's not-true distillation (Lee et al., NeurIPS 2022): ``KL(q̃ᵍ ‖ q̃ˡ)``, batch mean, where
+    q̃ = softmax(z̃ / τ) over the C − 1 columns other than the true class. The global logits are
+    detached. 0 (connected to the graph) when C = 1."""
+    num_classes = local_logits.shape[1]
+    if num_classes < 2:
+        return local_logits.sum() * 0.0
+    not_true = torch.arange(num_classes, device=labels.device).unsqueeze(0) != labels.unsqueeze(1)
+    local = local_logits.float()[not_true].view(-1, num_classes - 1) / tau
+    target = global_logits.detach().float()[not_true].view(-1, num_classes - 1) / tau
+    return F.kl_div(F.log_softmax(local, dim=1), F.log_softmax(target, dim=1), reduction="batchmean", log_target=True)
+
+
+def decorrelation_loss(features: Tensor) -> Tensor:
+    """FedDecorr's regulariser (Shi et al., ICLR 2023), in its official code's form: with Ẑ the
+    batch's features ``[N, d]`` standardised per column (unbiased variance + 1e-8) and M = ẐᵀẐ,
+    ``mean_{i≠j} M_ij² / N``. 0 for a batch of one sample. Computed in float32."""
+    n, d = features.shape
+    if n < 2 or d < 2:
+        return features.sum() * 0.0
+    z = features.float()
+    z = (z - z.mean(dim=0)) / torch.sqrt(z.var(dim=0) + 1e-8)
+    correlations = z.T @ z
+    off_diagonal = ~torch.eye(d, dtype=torch.bool, device=z.device)
+    return correlations[off_diagonal].pow(2).mean() / n

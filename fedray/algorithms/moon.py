@@ -27,8 +27,6 @@ With μ = 0 the run is FedAvg.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -39,6 +37,7 @@ from fedray.algorithms.base import (
     Broadcast,
     ClientContext,
     ClientUpdate,
+    FrozenCopies,
     Tensor,
     weighted_weights_sums,
 )
@@ -70,25 +69,16 @@ class MOON(Algorithm):
                 "invalid config:\n  model.projection_dim: MOON contrasts projection-head outputs; "
                 "set it to a positive size (e.g. 256 as in MOON on CIFAR, 32 on digits)"
             )
-        self._frozen: dict[str, FedModel] = {}  # worker-local copies for z_glob and z_prev
-
-    def _frozen_copy(self, role: str, model: FedModel, flat: Tensor, prefixes: tuple[str, ...] | None) -> FedModel:
-        """A frozen eval-mode copy of ``model``'s architecture holding ``flat``. Copied, not built,
-        so that no random initialisation consumes the client's seeded RNG."""
-        if role not in self._frozen:
-            self._frozen[role] = copy.deepcopy(model).eval().requires_grad_(False)
-        frozen = self._frozen[role]
-        set_flat_weights(frozen, flat, prefixes)
-        return frozen
+        self._frozen = FrozenCopies()  # worker-local copies for z_glob and z_prev
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
         model, params = ctx.model, self.params
         set_flat_weights(model, broadcast["weights"])
         global_model = previous_model = None
         if params.mu > 0:
-            global_model = self._frozen_copy("global", model, broadcast["weights"], None)
+            global_model = self._frozen.load("global", model, broadcast["weights"])
             if ctx.state is not None:
-                previous_model = self._frozen_copy("previous", model, ctx.state[PREVIOUS_MODEL], REPRESENTATION_PREFIXES)
+                previous_model = self._frozen.load("previous", model, ctx.state[PREVIOUS_MODEL], REPRESENTATION_PREFIXES)
 
         def representation(net: FedModel, x: Tensor) -> Tensor:
             return net.project(net.encode(x))

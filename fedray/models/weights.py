@@ -64,3 +64,24 @@ def set_flat_weights(
         for _, value in entries:
             value.copy_(flat[offset : offset + value.numel()].view_as(value))
             offset += value.numel()
+
+
+def parameter_mask(model: nn.Module) -> torch.Tensor:
+    """A CPU ``bool`` vector over the flat layout: True at the entries of ``named_parameters()``,
+    False at float buffers (BatchNorm running statistics). Server optimizers, control variates and
+    FedDyn's state are defined on parameters only."""
+    names = {name for name, _ in model.named_parameters()}
+    return torch.cat([torch.full((value.numel(),), key in names, dtype=torch.bool, device="cpu") for key, value in _entries(model, None)])
+
+
+def parameter_views(model: nn.Module, flat: torch.Tensor) -> list[torch.Tensor]:
+    """Views of ``flat`` (the full flat layout) shaped like ``model.parameters()``, in that order:
+    per-parameter slices of a flat direction, for linear loss terms ``Σ_p ⟨d_p, p⟩``."""
+    offsets: dict[str, int] = {}
+    offset = 0
+    for key, value in _entries(model, None):
+        offsets[key] = offset
+        offset += value.numel()
+    if flat.dim() != 1 or flat.numel() != offset:
+        raise ValueError(f"flat vector must be 1-D with {offset} elements, got shape {tuple(flat.shape)}")
+    return [flat[offsets[name] : offsets[name] + p.numel()].view_as(p) for name, p in model.named_parameters()]

@@ -69,6 +69,7 @@ class ClientWorker:
         self.y_test = _as_tensor(data.test.y, self.device)
         public = self.algorithm.public_indices(data)
         self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
+        self.mean_client_samples = float(np.mean(data.clients.sizes))
         self.models: dict[str, FedModel] = {}
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
         self.fault = fault
@@ -103,6 +104,7 @@ class ClientWorker:
             x_test=x_test,
             y_test=y_test,
             x_public=self.x_public,
+            mean_client_samples=self.mean_client_samples,
         )
 
     def _maybe_fail(self, round: int, clients_done: int) -> None:
