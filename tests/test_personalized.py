@@ -44,6 +44,7 @@ class InProcessRun:
 
     def __init__(self, overrides: list[str], run_dir: Path) -> None:
         self.config = load_config(None, overrides)
+        self.run_dir = run_dir
         data = build_federated_dataset(self.config.data, self.config.seed)
         self.workers = [
             ClientWorker(i, self.config.to_dict(), data, str(run_dir), use_gpu=False)
