@@ -218,6 +218,8 @@ def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(pag
 def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_sweep, tmp_path):
     sweep = tmp_path / real_sweep.name
     shutil.copytree(real_sweep, sweep, ignore=shutil.ignore_patterns("tune"))
+    meta = json.loads((sweep / "meta.json").read_text())
+    (sweep / "meta.json").write_text(json.dumps({**meta, "status": "running"}))  # a sweep that goes on (else RUNNING means INTERRUPTED)
     with serve(sweep) as server:
         open_dashboard(page, server)
         wait_count(page, "#trials-table tbody tr", 2)

@@ -15,6 +15,14 @@ table plus per-trial round rows), so the page has one code path. The files may b
 half-written while they are read (a live sweep, a copy in progress): nothing here raises on their
 content; problems become :class:`Message` s shown on the page, and the last good read of a file that
 has become unreadable is kept.
+
+Comparison views: each trial gets a ``label`` (its swept values, :func:`trial_label`) and a ``metric_name``
+(the quantity its metric measures, :func:`metric_name`); trials are ranked only within one quantity
+(:func:`best_by_metric`) and grouped into mean ± std rows and bands (:func:`group_trials`, :func:`band`).
+Trials that ended without finishing are ``ERROR`` (recorded by the sweep), ``INTERRUPTED`` (the sweep ended
+or stalled first) or ``STALLED`` (a run without ``summary.json`` whose files stopped changing, :func:`stale_after`).
+Nothing outside the folder is read and no absolute path is put in what the page gets (:func:`inside`,
+:func:`shown_path`).
 """
 
 from __future__ import annotations
