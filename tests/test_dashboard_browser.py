@@ -422,7 +422,7 @@ def test_cli_prints_the_url_and_serves_the_api(tmp_path):
     run = tmp_path / "runs" / "r1"
     write_run_dir(run, [], [0.2, 0.6])
     write_run_dir(tmp_path / "runs" / "r2", ["data.alpha=2.0"], [0.5, 0.4])
-    process = subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "dashboard", str(tmp_path / "runs"), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "dashboard", str(tmp_path / "runs"), "--port", "0", "--allow-host", "lab-box"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -437,6 +437,13 @@ def test_cli_prints_the_url_and_serves_the_api(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(url + "api/file?trial=r1&name=metrics.parquet", timeout=10)
         assert missing.value.code == 404
+        port = url.rsplit(":", 1)[1].strip("/")
+        for host, status in ((f"lab-box:{port}", 200), (f"attacker.example:{port}", 403)):  # --allow-host adds a name
+            request = urllib.request.Request(url + "api/version", headers={"Host": host})
+            try:
+                assert urllib.request.urlopen(request, timeout=10).status == status
+            except urllib.error.HTTPError as error:
+                assert error.code == status
     finally:
         process.terminate()
         process.wait(timeout=10)
