@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from test_dashboard_data import (
+    age,
     serve,
     synthetic_round_rows,
     trial_row,
@@ -369,9 +368,7 @@ def test_folder_of_runs_of_different_algorithms_with_a_crashed_run(page, tmp_pat
     write_run_dir(runs / "fedavg-1", ["algorithm.name=fedavg"], [0.3, 0.5, 0.6])
     write_run_dir(runs / "fedsc-1", ["algorithm.name=fedsc", "algorithm.tau=0.1"], [0.35, 0.6, 0.7])
     write_run_dir(runs / "fedsc-2", ["algorithm.name=fedsc", "algorithm.tau=0.5"], [0.3, 0.4], finished=False)
-    then = time.time() - 3 * 3600  # crashed three hours ago: no summary.json, no file written since
-    for path in [runs / "fedsc-2", *(runs / "fedsc-2").iterdir()]:
-        os.utime(path, (then, then))
+    age(runs / "fedsc-2", 3 * 3600)  # crashed three hours ago: no summary.json, no file written since
     with serve(runs) as server:
         open_dashboard(page, server)
         wait_count(page, "#trials-table tbody tr", 3)

@@ -6,21 +6,12 @@ trials and runs, folders of runs of different algorithms, and nothing read or sh
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
-from test_dashboard_data import comparison_accuracies, write_comparison_sweep, write_run_dir
+from test_dashboard_data import age, comparison_accuracies, write_comparison_sweep, write_run_dir
 
 from fedray.dashboard.data import DashboardData, group_trials, key_symbols, label_trials, trial_label
-
-
-def age(path: Path, seconds: float) -> None:
-    """Set the modification time of ``path`` and of every file under it ``seconds`` in the past."""
-    then = time.time() - seconds
-    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
-        os.utime(item, (then, then), follow_symlinks=False)
 
 
 @pytest.fixture

@@ -207,7 +207,7 @@ def key_symbols(keys: list[str]) -> dict[str, str]:
     """How each key is named in labels: its symbol (τ, M, β, μ, α), else its last part (``train.lr`` → ``lr``),
     else (two keys with the same last part, e.g. ``data.name`` and ``model.name``) the whole key."""
     short = {key: SYMBOLS.get(key, key.rsplit(".", 1)[-1]) for key in keys}
-    taken = [name for name in short.values()]
+    taken = list(short.values())
     return {key: name if taken.count(name) == 1 else key for key, name in short.items()}
 
 
