@@ -323,7 +323,7 @@ def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
         assert "| fedavg | 0.1 | test_accuracy | 2 | 57.95 ± 0.95 |" in page.text_content("#groups-markdown")
         traces = plot_data(page, "curves-plot")  # per group: lower edge, upper edge filled to it, mean
         assert len(traces) == 18 and [t["fill"] for t in traces[:3]] == [None, "tonexty", None]
-        assert traces[2]["name"] == "fedavg α=0.1 [test_accuracy] (n=2)"
+        assert traces[2]["name"] == "fedavg α=0.1 (n=2)" and traces[-1]["name"] == "★ hetero_ssfl α=0.5 [probe_accuracy] (n=2)"
 
         # categorical axes: the grid values as ticks; the log-uniform learning rate as a range
         dims = page.evaluate("document.getElementById('parcoords-plot').data[0].dimensions.map((d) => [d.label, d.ticktext || null])")

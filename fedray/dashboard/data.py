@@ -279,8 +279,7 @@ def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric:
         group["final"] = mean_std([t.get("latest_metric") for t in members])
         group["best"] = mean_std([t.get("best_metric") for t in members])
         group["label"] = trial_label(group["values"], by) or "all trials"
-    if len({g["metric_name"] for g in ordered}) > 1:  # the quantity tells groups of equal values apart
-        for group in ordered:
+        if group["metric_name"] != metric:  # the quantity tells groups of equal values apart
             group["label"] = f"{group['label']} [{group['metric_name']}]"
     sign = 1.0 if mode == "max" else -1.0
     for name in dict.fromkeys(g["metric_name"] for g in ordered):
