@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from test_dashboard_data import (
+    age,
     serve,
     synthetic_round_rows,
     trial_row,
@@ -218,6 +217,8 @@ def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(pag
 def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_sweep, tmp_path):
     sweep = tmp_path / real_sweep.name
     shutil.copytree(real_sweep, sweep, ignore=shutil.ignore_patterns("tune"))
+    meta = json.loads((sweep / "meta.json").read_text())
+    (sweep / "meta.json").write_text(json.dumps({**meta, "status": "running"}))  # a sweep that goes on (else RUNNING means INTERRUPTED)
     with serve(sweep) as server:
         open_dashboard(page, server)
         wait_count(page, "#trials-table tbody tr", 2)
@@ -322,7 +323,7 @@ def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
         assert "| fedavg | 0.1 | test_accuracy | 2 | 57.95 ± 0.95 |" in page.text_content("#groups-markdown")
         traces = plot_data(page, "curves-plot")  # per group: lower edge, upper edge filled to it, mean
         assert len(traces) == 18 and [t["fill"] for t in traces[:3]] == [None, "tonexty", None]
-        assert traces[2]["name"] == "fedavg α=0.1 [test_accuracy] (n=2)"
+        assert traces[2]["name"] == "fedavg α=0.1 (n=2)" and traces[-1]["name"] == "★ hetero_ssfl α=0.5 [probe_accuracy] (n=2)"
 
         # categorical axes: the grid values as ticks; the log-uniform learning rate as a range
         dims = page.evaluate("document.getElementById('parcoords-plot').data[0].dimensions.map((d) => [d.label, d.ticktext || null])")
@@ -367,9 +368,7 @@ def test_folder_of_runs_of_different_algorithms_with_a_crashed_run(page, tmp_pat
     write_run_dir(runs / "fedavg-1", ["algorithm.name=fedavg"], [0.3, 0.5, 0.6])
     write_run_dir(runs / "fedsc-1", ["algorithm.name=fedsc", "algorithm.tau=0.1"], [0.35, 0.6, 0.7])
     write_run_dir(runs / "fedsc-2", ["algorithm.name=fedsc", "algorithm.tau=0.5"], [0.3, 0.4], finished=False)
-    then = time.time() - 3 * 3600  # crashed three hours ago: no summary.json, no file written since
-    for path in [runs / "fedsc-2", *(runs / "fedsc-2").iterdir()]:
-        os.utime(path, (then, then))
+    age(runs / "fedsc-2", 3 * 3600)  # crashed three hours ago: no summary.json, no file written since
     with serve(runs) as server:
         open_dashboard(page, server)
         wait_count(page, "#trials-table tbody tr", 3)
@@ -420,7 +419,7 @@ def test_cli_prints_the_url_and_serves_the_api(tmp_path):
     run = tmp_path / "runs" / "r1"
     write_run_dir(run, [], [0.2, 0.6])
     write_run_dir(tmp_path / "runs" / "r2", ["data.alpha=2.0"], [0.5, 0.4])
-    process = subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "dashboard", str(tmp_path / "runs"), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "dashboard", str(tmp_path / "runs"), "--port", "0", "--allow-host", "lab-box"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -435,6 +434,13 @@ def test_cli_prints_the_url_and_serves_the_api(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(url + "api/file?trial=r1&name=metrics.parquet", timeout=10)
         assert missing.value.code == 404
+        port = url.rsplit(":", 1)[1].strip("/")
+        for host, status in ((f"lab-box:{port}", 200), (f"attacker.example:{port}", 403)):  # --allow-host adds a name
+            request = urllib.request.Request(url + "api/version", headers={"Host": host})
+            try:
+                assert urllib.request.urlopen(request, timeout=10).status == status
+            except urllib.error.HTTPError as error:
+                assert error.code == status
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,6 +83,13 @@ def write_run_dir(run_dir: Path, overrides: list[str], accuracies: list[float], 
 
 def synthetic_round_rows(accuracies: list[float]) -> list[dict[str, Any]]:
     return [{"round": i, "test_accuracy": a, "test_loss": 1.0 - a, "train_loss": 2.0 / i, "seconds": 0.5} for i, a in enumerate(accuracies, 1)]
+
+
+def age(path: Path, seconds: float) -> None:
+    """Set the modification time of ``path`` and of every file under it ``seconds`` in the past."""
+    then = time.time() - seconds
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.utime(item, (then, then), follow_symlinks=False)
 
 
 @contextmanager

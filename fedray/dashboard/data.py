@@ -15,6 +15,14 @@ table plus per-trial round rows), so the page has one code path. The files may b
 half-written while they are read (a live sweep, a copy in progress): nothing here raises on their
 content; problems become :class:`Message` s shown on the page, and the last good read of a file that
 has become unreadable is kept.
+
+Comparison views: each trial gets a ``label`` (its swept values, :func:`trial_label`) and a ``metric_name``
+(the quantity its metric measures, :func:`metric_name`); trials are ranked only within one quantity
+(:func:`best_by_metric`) and grouped into mean ± std rows and bands (:func:`group_trials`, :func:`band`).
+Trials that ended without finishing are ``ERROR`` (recorded by the sweep), ``INTERRUPTED`` (the sweep ended
+or stalled first) or ``STALLED`` (a run without ``summary.json`` whose files stopped changing, :func:`stale_after`).
+Nothing outside the folder is read and no absolute path is put in what the page gets (:func:`inside`,
+:func:`shown_path`).
 """
 
 from __future__ import annotations
@@ -202,7 +210,7 @@ def key_symbols(keys: list[str]) -> dict[str, str]:
     """How each key is named in labels: its symbol (τ, M, β, μ, α), else its last part (``train.lr`` → ``lr``),
     else (two keys with the same last part, e.g. ``data.name`` and ``model.name``) the whole key."""
     short = {key: SYMBOLS.get(key, key.rsplit(".", 1)[-1]) for key in keys}
-    taken = [name for name in short.values()]
+    taken = list(short.values())
     return {key: name if taken.count(name) == 1 else key for key, name in short.items()}
 
 
@@ -274,8 +282,7 @@ def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric:
         group["final"] = mean_std([t.get("latest_metric") for t in members])
         group["best"] = mean_std([t.get("best_metric") for t in members])
         group["label"] = trial_label(group["values"], by) or "all trials"
-    if len({g["metric_name"] for g in ordered}) > 1:  # the quantity tells groups of equal values apart
-        for group in ordered:
+        if group["metric_name"] != metric:  # the quantity tells groups of equal values apart
             group["label"] = f"{group['label']} [{group['metric_name']}]"
     sign = 1.0 if mode == "max" else -1.0
     for name in dict.fromkeys(g["metric_name"] for g in ordered):

@@ -104,7 +104,8 @@ function topTrials(overview, n) {
   const s = sign(overview);
   return overview.trials
     .filter((t) => isNum(t.best_metric))
-    .sort((a, b) => s * (b.best_metric - a.best_metric))
+    // the sweep's own quantity first: a linear probe's accuracy is not ranked against supervised ones
+    .sort((a, b) => (a.metric_name !== overview.metric) - (b.metric_name !== overview.metric) || s * (b.best_metric - a.best_metric))
     .slice(0, n)
     .map((t) => t.trial_id);
 }
