@@ -27,7 +27,7 @@ class Federation:
 
     def run_round(self, round: int, clients: list[int]) -> dict[str, float]:
         """Train ``clients`` on the current broadcast and aggregate; returns the server's diagnostics."""
-        tasks = [(cid, self.versions[cid], NO_STATE) for cid in clients]
+        tasks = [(cid, self.versions[cid], ()) for cid in clients]  # (client, version to load, versions the checkpoints keep)
         partial = self.worker.run_clients(round, tasks, self.algorithm.broadcast(self.state, round))
         for cid in partial.stateful_clients:
             self.versions[cid] = round

@@ -61,7 +61,7 @@ class InProcessRun:
         self.results: list[RoundResults] = []
         self.rows: list[dict] = []
 
-    def tasks(self, ids) -> list[tuple[int, int, int]]:
+    def tasks(self, ids) -> list[tuple[int, int, tuple[int, ...]]]:
         return [(int(c), int(self.versions[c]), ()) for c in ids]
 
     def run(self, rounds: int) -> "InProcessRun":

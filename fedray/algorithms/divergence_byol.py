@@ -61,6 +61,8 @@ def mean_divergence(start: list[Tensor], end: list[Tensor]) -> float:
 class DivergenceAwareBYOL(SiameseAlgorithm):
     """FedU's and FedEMA's common client and server (not registered: no ``name``)."""
 
+    keeps_client_state = True
+
     Params = DivergenceAwareParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:

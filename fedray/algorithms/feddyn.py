@@ -70,6 +70,7 @@ class FedDynParams(AlgorithmParams):
 
 class FedDyn(Algorithm):
     name = "feddyn"
+    keeps_client_state = True
     Params = FedDynParams
     params: FedDynParams
 

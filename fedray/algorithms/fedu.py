@@ -21,7 +21,9 @@ Paper symbol → config key: μ (DAPU threshold) → ``algorithm.dapu_threshold`
 
 from __future__ import annotations
 
-from pydantic import Field
+import math
+
+from pydantic import Field, field_validator
 
 from fedray.algorithms.base import ClientContext, Tensor
 from fedray.algorithms.divergence_byol import PREDICTOR_PREFIXES, DivergenceAwareBYOL, DivergenceAwareParams
@@ -30,7 +32,14 @@ from fedray.models import get_flat_weights, set_flat_weights
 
 
 class FedUParams(DivergenceAwareParams):
-    dapu_threshold: float = Field(0.4, ge=0, allow_inf_nan=True, description="DAPU threshold μ: take the global predictor when the last divergence is below it")
+    dapu_threshold: float = Field(0.4, allow_inf_nan=True, description="DAPU threshold μ: take the global predictor when the last divergence is below it")
+
+    @field_validator("dapu_threshold")
+    @classmethod
+    def _not_nan(cls, value: float) -> float:
+        if math.isnan(value):
+            raise ValueError("must be a number or ±.inf, not NaN")
+        return value
 
 
 class FedU(DivergenceAwareBYOL):

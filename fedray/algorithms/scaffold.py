@@ -83,6 +83,7 @@ def local_steps(num_samples: int, train: TrainConfig) -> int:
 
 class Scaffold(ServerOptimizedAlgorithm):
     name = "scaffold"
+    keeps_client_state = True
     Params = ScaffoldParams
     params: ScaffoldParams
 
