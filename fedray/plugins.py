@@ -83,9 +83,10 @@ def user_module_paths(config: RunConfig) -> list[str]:
 
 
 def job_runtime_env(paths: Iterable[str]) -> dict[str, Any] | None:
-    """A ``ray.init(runtime_env=...)`` that ships ``paths`` (local paths: Ray uploads them)."""
+    """A ``ray.init(runtime_env=...)`` that ships ``paths`` (local paths: Ray uploads them). It has no
+    ``excludes``: inside a submitted job Ray merges it with the job's runtime_env, which has its own."""
     paths = list(paths)
-    return {"py_modules": paths, "excludes": SHIP_EXCLUDES} if paths else None
+    return {"py_modules": paths} if paths else None
 
 
 def ship_user_modules(config: RunConfig) -> dict[str, Any] | None:
