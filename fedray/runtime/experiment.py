@@ -30,12 +30,12 @@ from fedray.runtime.server import Server
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
-    config_callback_classes,
     MetricsParquet,
     Plots,
     ProgressBar,
     RunContext,
     TensorBoardLogger,
+    config_callback_classes,
 )
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
@@ -81,7 +81,8 @@ def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
 
 
 def new_run_dir(config: RunConfig) -> Path:
-    name = config.output.name or f"{algorithm_label(config.algorithm.name)}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    label = algorithm_label(config.algorithm.name)  # a plug-in's `name`, not its module:Class reference
+    name = config.output.name or f"{label}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
     run_dir = root / name
     suffix = 1
