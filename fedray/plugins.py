@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fedray.algorithms import get_algorithm_class, validate_algorithm_params
-from fedray.config import RunConfig, apply_overrides, validate_config
+from fedray.config import ConfigError, RunConfig, apply_overrides, validate_config
 from fedray.config import load_config as load_schema
 from fedray.tracking.callbacks import config_callback_classes
 
@@ -87,6 +87,30 @@ def job_runtime_env(paths: Iterable[str]) -> dict[str, Any] | None:
     ``excludes``: inside a submitted job Ray merges it with the job's runtime_env, which has its own."""
     paths = list(paths)
     return {"py_modules": paths} if paths else None
+
+
+def check_ray_imports(paths: Iterable[str]) -> None:
+    """For a Ray that fedray did not start (so whose job ``runtime_env`` fedray did not set): raise
+    :class:`ConfigError` unless a task of the current job can import the top-level modules at
+    ``paths``, as Tune's trial processes will have to."""
+    names = [Path(path).stem for path in paths]  # "…/mylab" -> mylab, "…/fedavgm.py" -> fedavgm
+    if not names:
+        return
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def unimportable(names: list[str]) -> list[str]:
+        import importlib.util
+
+        return [name for name in names if importlib.util.find_spec(name) is None]
+
+    missing = ray.get(unimportable.remote(names))
+    if missing:
+        raise ConfigError(
+            f"invalid config:\n  algorithm.name / output.callbacks: Ray was started without your module(s) "
+            f"{', '.join(missing)}, which Tune's trials must import: let fedray start Ray, or start it with "
+            f"ray.init(runtime_env={{'py_modules': {list(paths)!r}}})"
+        )
 
 
 def ship_user_modules(config: RunConfig) -> dict[str, Any] | None:

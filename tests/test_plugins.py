@@ -290,3 +290,17 @@ def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(ray_session
         assert [(m.step, m.value) for m in history] == [(row["round"], pytest.approx(row[metric])) for row in rows]
     artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "learning_curve.png", "partition.png"} <= artifacts
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tune_on_a_ray_started_without_the_module_fails_before_any_trial(ray_session, user_dir, tmp_path, capsys):
+    """The session's Ray was started elsewhere, without ``mylab``: Tune's trials (which inherit the
+    job's runtime_env) could not import it, so the sweep stops before it starts, saying how to fix it."""
+    sweep = {"base": {**TINY, "algorithm": {"name": "mylab.fedavgm:FedAvgM"}},
+             "space": {"algorithm.server_momentum": {"grid": [0.0, 0.5]}}, "output": {"dir": str(tmp_path / "sweeps")}}
+    (user_dir / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    assert main(["tune", "sweep.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "Ray was started without your module(s) mylab" in err and "py_modules" in err
+    assert not (tmp_path / "sweeps").exists()

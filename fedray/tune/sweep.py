@@ -21,7 +21,7 @@ import ray
 from ray import tune
 
 from fedray.config import ConfigError
-from fedray.plugins import job_runtime_env, user_module_paths
+from fedray.plugins import check_ray_imports, job_runtime_env, user_module_paths
 from fedray.tune.results import ERROR, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
 from fedray.tune.spec import SWEEP_FILE, SweepSpec, load_sweep, max_rounds, trial_cpus
 from fedray.tune.trainable import run_trial, trial_resources
@@ -52,13 +52,15 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
 def connect_ray(address: str | None, spec: SweepSpec) -> tuple[bool, str | None]:
     """Connect to ``address``, or start a local Ray with room for at least one trial. Returns whether
     this call started the connection and the Ray dashboard's URL (None when Ray was already up)."""
-    if ray.is_initialized():
-        return False, None
-    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
     configs = [spec.trial_config(values) for values in spec.trial_shapes()]
     # Tune creates the trial actors without a runtime_env of ours: they inherit the job's, so user code
     # named by the trials (algorithm.name, output.callbacks) is shipped with the job (fedray.plugins).
-    runtime_env = job_runtime_env(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
+    user_modules = list(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
+    if ray.is_initialized():
+        check_ray_imports(user_modules)
+        return False, None
+    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
+    runtime_env = job_runtime_env(user_modules)
     if address:
         context = ray.init(address=address, runtime_env=runtime_env)
     else:
@@ -147,8 +149,8 @@ def _fit(tuner: tune.Tuner, sweep_dir: Path, started_ray: bool) -> SweepOutcome:
 
 def run_sweep(spec: SweepSpec, address: str | None = None) -> SweepOutcome:
     """Run the sweep ``spec`` (already validated by :func:`fedray.tune.spec.load_sweep`)."""
-    sweep_dir = new_sweep_dir(spec)
     started_ray, dashboard_url = connect_ray(address, spec)
+    sweep_dir = new_sweep_dir(spec)
     write_meta(sweep_dir, spec, datetime.now().astimezone().isoformat(timespec="seconds"), dashboard_url, "running")
     tuner = tune.Tuner(
         _trainable(spec, sweep_dir),
