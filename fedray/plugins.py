@@ -8,7 +8,8 @@ installed entry point) and callbacks (``output.callbacks``).
   (``py_modules``) under which the server actor runs; the workers it creates inherit it, so every
   process of the run imports the same class without ``PYTHONPATH``. A Tune trial is created by Tune,
   which takes no ``runtime_env``: ``fedray tune`` puts the same modules in the job's ``runtime_env``
-  when it starts or connects to Ray (:func:`job_runtime_env`).
+  when it starts or connects to Ray (:func:`job_runtime_env`), and on a Ray someone else started
+  checks first that the job can import them (:func:`check_ray_imports`).
 """
 
 from __future__ import annotations
