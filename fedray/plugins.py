@@ -8,7 +8,8 @@ installed entry point) and callbacks (``output.callbacks``).
   (``py_modules``) under which the server actor runs; the workers it creates inherit it, so every
   process of the run imports the same class without ``PYTHONPATH``. A Tune trial is created by Tune,
   which takes no ``runtime_env``: ``fedray tune`` puts the same modules in the job's ``runtime_env``
-  when it starts or connects to Ray (:func:`job_runtime_env`).
+  when it starts or connects to Ray (:func:`job_runtime_env`), and on a Ray someone else started
+  checks first that the job can import them (:func:`check_ray_imports`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fedray.algorithms import get_algorithm_class, validate_algorithm_params
-from fedray.config import RunConfig, apply_overrides, validate_config
+from fedray.config import ConfigError, RunConfig, apply_overrides, validate_config
 from fedray.config import load_config as load_schema
 from fedray.tracking.callbacks import config_callback_classes
 
@@ -83,9 +84,34 @@ def user_module_paths(config: RunConfig) -> list[str]:
 
 
 def job_runtime_env(paths: Iterable[str]) -> dict[str, Any] | None:
-    """A ``ray.init(runtime_env=...)`` that ships ``paths`` (local paths: Ray uploads them)."""
+    """A ``ray.init(runtime_env=...)`` that ships ``paths`` (local paths: Ray uploads them). It has no
+    ``excludes``: inside a submitted job Ray merges it with the job's runtime_env, which has its own."""
     paths = list(paths)
-    return {"py_modules": paths, "excludes": SHIP_EXCLUDES} if paths else None
+    return {"py_modules": paths} if paths else None
+
+
+def check_ray_imports(paths: Iterable[str]) -> None:
+    """For a Ray that fedray did not start (so whose job ``runtime_env`` fedray did not set): raise
+    :class:`ConfigError` unless a task of the current job can import the top-level modules at
+    ``paths``, as Tune's trial processes will have to."""
+    names = [Path(path).stem for path in paths]  # "…/mylab" -> mylab, "…/fedavgm.py" -> fedavgm
+    if not names:
+        return
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def unimportable(names: list[str]) -> list[str]:
+        import importlib.util
+
+        return [name for name in names if importlib.util.find_spec(name) is None]
+
+    missing = ray.get(unimportable.remote(names))
+    if missing:
+        raise ConfigError(
+            f"invalid config:\n  algorithm.name / output.callbacks: Ray was started without your module(s) "
+            f"{', '.join(missing)}, which Tune's trials must import: let fedray start Ray, or start it with "
+            f"ray.init(runtime_env={{'py_modules': {list(paths)!r}}})"
+        )
 
 
 def ship_user_modules(config: RunConfig) -> dict[str, Any] | None:

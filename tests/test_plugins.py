@@ -122,11 +122,17 @@ def test_a_bad_plugin_path_exits_2_before_ray(user_dir, tmp_path):
     assert "Started a local Ray instance" not in result.stderr and not out.exists()  # nothing ran
 
 
-def test_fedray_submit_validates_the_plugin_before_contacting_the_cluster(user_dir, capsys):
-    # Port 9 (discard) has no job server: exit 2 with the key shows the check came first.
-    args = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(user_dir), "--", "run"]
-    assert main([*args, "--set", "algorithm.name=mylab.fedavgm:FedAvgM", "--set", "algorithm.server_lr=0"]) == 2
+def test_fedray_submit_validates_the_plugin_before_contacting_the_cluster(user_dir, tmp_path, monkeypatch, capsys):
+    """From outside the working directory: the plug-in imports from the directory that is uploaded.
+    Port 9 (discard) has no job server, so exit 2 naming the key shows the check came first."""
+    monkeypatch.chdir(tmp_path)
+    submit = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", "project", "--"]
+    assert main([*submit, "run", "--set", "algorithm.name=mylab.fedavgm:FedAvgM", "--set", "algorithm.server_lr=0"]) == 2
     assert "algorithm.server_lr: Input should be greater than 0" in capsys.readouterr().err
+    sweep = {"base": {"algorithm": {"name": "mylab.fedavgm:FedAvgM"}}, "space": {"algorithm.server_momentum": {"grid": [0.5, 1.5]}}}
+    (user_dir / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    assert main([*submit, "tune", "project/sweep.yaml"]) == 2
+    assert "algorithm.server_momentum=1.5 has an invalid run config" in capsys.readouterr().err
 
 
 def test_callbacks_are_checked_before_ray(user_dir):
@@ -290,3 +296,17 @@ def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(ray_session
         assert [(m.step, m.value) for m in history] == [(row["round"], pytest.approx(row[metric])) for row in rows]
     artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "learning_curve.png", "partition.png"} <= artifacts
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tune_on_a_ray_started_without_the_module_fails_before_any_trial(ray_session, user_dir, tmp_path, capsys):
+    """The session's Ray was started elsewhere, without ``mylab``: Tune's trials (which inherit the
+    job's runtime_env) could not import it, so the sweep stops before it starts, saying how to fix it."""
+    sweep = {"base": {**TINY, "algorithm": {"name": "mylab.fedavgm:FedAvgM"}},
+             "space": {"algorithm.server_momentum": {"grid": [0.0, 0.5]}}, "output": {"dir": str(tmp_path / "sweeps")}}
+    (user_dir / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    assert main(["tune", "sweep.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "Ray was started without your module(s) mylab" in err and "py_modules" in err
+    assert not (tmp_path / "sweeps").exists()

@@ -57,6 +57,10 @@ def check_fedray_command(fedray_args: list[str]) -> None:
     from fedray.tracking.sync import is_uri
 
     parsed = build_parser().parse_args(fedray_args)
+    if parsed.command == "tune" and parsed.sweep:
+        from fedray.tune import load_sweep
+
+        load_sweep(parsed.sweep, parsed.overrides)
     if parsed.command == "run" and not parsed.resume:
         output_dir = load_config(parsed.config, parsed.overrides).output.dir
         if not is_uri(output_dir) and not Path(output_dir).is_absolute():
@@ -73,6 +77,7 @@ def submit_command(args: argparse.Namespace) -> int:
 
     fedray_args = args.fedray_args[1:] if args.fedray_args[:1] == ["--"] else args.fedray_args
     entrypoint = jobs.job_entrypoint(fedray_args, args.working_dir)
+    sys.path.append(str(args.working_dir.resolve()))  # plug-ins a config names import from it, as in the job
     check_fedray_command(fedray_args)
     try:
         client = jobs.connect(args.address)

@@ -38,12 +38,12 @@ from fedray.runtime.state_store import ClientStateError, ClientStateStore, clien
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
-    config_callback_classes,
     MetricsParquet,
     Plots,
     ProgressBar,
     RunContext,
     TensorBoardLogger,
+    config_callback_classes,
 )
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
@@ -108,7 +108,8 @@ def new_run_dir(config: RunConfig) -> Path:
     """The directory of a new run: ``output.dir/output.name``, which must not exist yet (a second run
     would mix its checkpoints and metrics with the first's), or ``output.dir/<algorithm>-<dataset>-<time>``
     with a numeric suffix if that exists."""
-    name = config.output.name or f"{algorithm_label(config.algorithm.name)}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    label = algorithm_label(config.algorithm.name)  # a plug-in's `name`, not its module:Class reference
+    name = config.output.name or f"{label}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"invalid config:\n  output.dir: {root} is a file, not a directory")

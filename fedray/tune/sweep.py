@@ -29,7 +29,7 @@ from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from fedray.config import ConfigError
-from fedray.plugins import job_runtime_env, user_module_paths
+from fedray.plugins import check_ray_imports, job_runtime_env, user_module_paths
 from fedray.tune.progress import SweepProgress
 from fedray.tune.results import ERROR, META_FILE, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
 from fedray.tune.schedulers import SchedulerState, make_scheduler
@@ -70,14 +70,16 @@ def connect_ray(address: str | None, spec: SweepSpec, verbose: bool) -> tuple[bo
     this call started the connection and the Ray dashboard's URL (None when Ray was already up).
     Quiet (not ``verbose``): the trials' output is not copied to this terminal (their errors are in
     ``trials.parquet``) and Ray logs warnings only."""
-    if ray.is_initialized():
-        return False, None
     output = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
-    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
     configs = [spec.trial_config(values) for values in spec.trial_shapes()]
     # Tune creates the trial actors without a runtime_env of ours: they inherit the job's, so user code
     # named by the trials (algorithm.name, output.callbacks) is shipped with the job (fedray.plugins).
-    runtime_env = job_runtime_env(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
+    user_modules = list(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
+    if ray.is_initialized():
+        check_ray_imports(user_modules)
+        return False, None
+    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
+    runtime_env = job_runtime_env(user_modules)
     if address:
         context = ray.init(address=address, runtime_env=runtime_env, **output)
     else:
