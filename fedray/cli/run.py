@@ -22,15 +22,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line."""
-    from fedray.runtime import resume_experiment, run_experiment
-
+    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config
+    is validated before the runtime (torch, Ray) is imported, so a bad one fails in a fraction of a second."""
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
+        from fedray.runtime import resume_experiment
+
         summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
     else:
         config = load_config(args.config, args.overrides)
+        from fedray.runtime import run_experiment
+
         summary = run_experiment(config, address=args.address, progress=not args.quiet)
     print_summary(summary)
     return 0
