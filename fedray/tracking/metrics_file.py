@@ -20,6 +20,7 @@ damaged part is reported, naming the file, rather than read as different numbers
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 from fedray.tracking.atomic import write_bytes_atomically
 from fedray.tracking.callbacks import Callback, RunContext
 
+logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.parquet"
 PARTS_DIR = "metrics_parts"
 _PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
@@ -88,11 +90,20 @@ def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
             covered_to = last
     tables = [_read_table(path) for _, _, path in parts]
     if (run_dir / METRICS_FILE).is_file():
-        compacted = _read_table(run_dir / METRICS_FILE)
-        in_parts = pa.array(sorted({r for first, last, _ in parts for r in range(first, last + 1)}), pa.int64())
-        if parts:  # a compaction that stopped before removing the parts: the parts hold those rounds
-            compacted = compacted.filter(pc.invert(pc.is_in(compacted["round"], in_parts)))
-        tables.insert(0, compacted)
+        try:
+            compacted = _read_table(run_dir / METRICS_FILE)
+        except MetricsError:
+            if not parts:
+                raise
+            # A run with parts is unfinished: its metrics.parquet is left over (or was damaged) and the
+            # parts are the record; any round missing from them is caught by check_metrics_cover.
+            logger.warning("ignoring the unreadable %s: the run's rows are in %s/", run_dir / METRICS_FILE, PARTS_DIR)
+            compacted = None
+        if compacted is not None:
+            if parts:  # a compaction that stopped before removing the parts: the parts hold those rounds
+                in_parts = pa.array(sorted({r for first, last, _ in parts for r in range(first, last + 1)}), pa.int64())
+                compacted = compacted.filter(pc.invert(pc.is_in(compacted["round"], in_parts)))
+            tables.insert(0, compacted)
     if not tables:
         return None
     table = pa.concat_tables(tables, promote_options="permissive")
