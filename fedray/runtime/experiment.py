@@ -30,6 +30,7 @@ from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, load_config, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.runtime.server import Server, WorkerPoolError
 from fedray.runtime.worker import build_algorithm
@@ -104,8 +105,11 @@ def new_run_dir(config: RunConfig) -> Path:
     with a numeric suffix if that exists."""
     name = config.output.name or f"{config.algorithm.name}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"invalid config:\n  output.dir: {root} is a file, not a directory")
+    existing = next(path for path in (root, *root.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"invalid config:\n  output.dir: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"invalid config:\n  output.dir: cannot create or write {root} (no permission on {existing})")
     run_dir = root / name
     if config.output.name is not None and run_dir.exists():
         raise ConfigError(
@@ -363,6 +367,8 @@ def run_experiment(
         raise RunError(f"{_first_line(error)}; {_resume_hint(run, created)}") from None
     except RayActorError as error:  # the server actor itself (its node, or the process) died
         raise RunError(f"the server actor died ({_first_line(error)}); {_resume_hint(run, created)}") from None
+    except DiskFullError as error:
+        raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
         _release(run.server, group if placement is None else None)
         if created and not run.history and not list_checkpoints(run_dir):
