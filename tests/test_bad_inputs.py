@@ -63,6 +63,8 @@ CASES = [
     ("override-without-value", ["run", "--set", "data.alpha"], {}, "expected KEY=VALUE"),
     ("clients-per-round", ["run", "--set", "data.num_clients=5", "--set", "train.clients_per_round=6"], {}, "train.clients_per_round (6) must be <="),
     ("gpu-fraction", ["run", "--set", "resources.gpus_per_worker=1.5"], {}, "resources.gpus_per_worker"),
+    ("quantity-sigma-overflows", ["run", "--set", "data.partition=quantity", "--set", "data.quantity_sigma=1e6"], {}, "data.quantity_sigma: Input should be less than or equal to 10"),
+    ("model-width", ["run", "--set", "model.width=100000"], {}, "model.width: Input should be less than or equal to 1024"),
     # --- config files
     ("missing-file", ["run", "nowhere.yaml"], {}, "config file not found: nowhere.yaml"),
     ("duplicate-key", ["run", "c.yaml"], {"c.yaml": "seed: 1\ndata:\n  alpha: 0.1\nseed: 2\n"}, "c.yaml: not valid YAML at line 4, column 1: duplicate key 'seed'"),
@@ -87,6 +89,7 @@ CASES = [
     ("more-clients-than-samples", ["run", "--set", "data.num_clients=2000", "--set", "data.partition=iid"], {}, "data.num_clients (K=2000) exceeds the number of training samples"),
     ("output-dir-is-a-file", ["run", "--set", "output.dir=afile"], {"afile": "I am a file\n"}, "output.dir: afile is a file, not a directory"),
     ("run-dir-exists", ["run", "--set", "output.name=taken"], {"runs/taken/config.yaml": "seed: 0\n"}, "the run directory runs/taken already exists"),
+    ("synthetic-beyond-memory", ["run", "--set", "data.name=synthetic", "--set", "data.synthetic.num_train=100000000000"], {}, "data.synthetic: 100,000,000,000 + 2,000 images of 1×8×8 need about"),
     ("workers-beyond-the-machine", ["run", "--set", "resources.num_workers=10000"], {}, "resources.num_workers: 10000 worker(s)"),
     ("corrupt-tiny-imagenet-jpeg", ["run", "--set", "data.name=tinyimagenet", "--set", "data.root=tiny"], {"tiny": _tiny_imagenet_with_a_corrupt_jpeg}, "data.name=tinyimagenet: cannot read the image tiny/tiny-imagenet-200/train/n02/images/n02_1.JPEG"),
 ]

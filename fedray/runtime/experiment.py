@@ -127,6 +127,7 @@ def prepare_data(config: RunConfig) -> FederatedDataset:
     """Load and partition the data and build the algorithm and its model once, so that impossible
     client counts, a model that does not fit the data and the algorithm's own checks (which need the
     dataset, e.g. its model's taps) fail as config errors before Ray starts."""
+    check_synthetic_size(config)
     try:
         data = build_federated_dataset(config.data, config.seed)
     except ConfigError:
@@ -156,6 +157,22 @@ def prepare_data(config: RunConfig) -> FederatedDataset:
             f"{info.channels}×{info.image_size}×{info.image_size} images)"
         ) from None
     return data
+
+
+def check_synthetic_size(config: RunConfig) -> None:
+    """Refuse a synthetic dataset that would not fit in half of the machine's memory (it is
+    generated in float32 before being stored as uint8)."""
+    if config.data.name != "synthetic":
+        return
+    spec = config.data.synthetic
+    needed = max(spec.num_train, spec.num_test) * spec.channels * spec.image_size**2 * 5  # float32 + uint8
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory // 2:
+        raise ConfigError(
+            f"invalid config:\n  data.synthetic: {spec.num_train:,} + {spec.num_test:,} images of "
+            f"{spec.channels}×{spec.image_size}×{spec.image_size} need about {needed / 1e9:.1f} GB to generate; "
+            f"this machine has {memory / 1e9:.1f} GB"
+        )
 
 
 def _first_line(error: BaseException) -> str:
