@@ -380,8 +380,8 @@ def run_experiment(
             callback.on_run_end(run)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
-    except WorkerPoolError as error:
-        raise RunError(f"{_first_line(error)}; {_resume_hint(run, created)}") from None
+    except WorkerPoolError as error:  # raised in the server actor: Ray wraps it, the message is its cause's
+        raise RunError(f"{_first_line(getattr(error, 'cause', error))}; {_resume_hint(run, created)}") from None
     except RayActorError as error:  # the server actor itself (its node, or the process) died
         raise RunError(f"the server actor died ({_first_line(error)}); {_resume_hint(run, created)}") from None
     except DiskFullError as error:

@@ -74,6 +74,8 @@ def list_parts(run_dir: str | Path) -> list[tuple[int, int, Path]]:
 def _read_table(path: Path) -> pa.Table:
     try:
         return pq.read_table(path, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise  # replaced by a wider part while being read: the caller lists the parts again
     except (OSError, pa.ArrowException) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise MetricsError(f"{path} is damaged ({reason})") from None
@@ -81,8 +83,17 @@ def _read_table(path: Path) -> pa.Table:
 
 def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
     """Every metrics row of a run as one table (columns unified; missing values are null), sorted by
-    round; None if the run has written no metrics yet. Raises :class:`MetricsError` for a damaged file."""
-    run_dir = Path(run_dir)
+    round; None if the run has written no metrics yet. Raises :class:`MetricsError` for a damaged file.
+    Safe while the run writes: a part replaced during the read makes it start again."""
+    for _ in range(10):
+        try:
+            return _read_metrics_once(Path(run_dir))
+        except FileNotFoundError:
+            continue
+    return _read_metrics_once(Path(run_dir))
+
+
+def _read_metrics_once(run_dir: Path) -> pa.Table | None:
     parts, covered_to = [], 0
     for first, last, path in sorted(list_parts(run_dir), key=lambda part: (part[0], -part[1])):
         if last > covered_to:  # else a wider part holds its rounds (it is being replaced)
