@@ -161,3 +161,15 @@ def test_gpu_workers_without_a_gpu_are_refused(tmp_path):
     result = run_fedray(["run", "--set", "resources.gpus_per_worker=0.5"], tmp_path)
     assert_rejected(result, "resources.gpus_per_worker: 0.5 but this machine has no GPU")
     assert tree(tmp_path) == set()
+
+
+def test_an_unreachable_cluster_fails_in_seconds_and_writes_nothing(tmp_path):
+    """Exit 1 (the input is well-formed; nothing listens there), after a 5 s connection timeout at most,
+    never Ray's minutes of retries, and before any run directory exists."""
+    result = run_fedray(["run", "--address", "127.0.0.1:1"], tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        "fedray: cannot reach the Ray cluster at 127.0.0.1:1 (Connection refused within 5 s); is it running?"
+    ]
+    assert tree(tmp_path) == set()
