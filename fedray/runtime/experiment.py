@@ -350,7 +350,8 @@ def run_experiment(
     ray_startup_seconds = ensure_ray(address, config)
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
-    created = not run_dir.exists()  # a run directory appears only once Ray and the resources are there
+    created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
+    created = bool(created_dirs)  # a run directory appears only once Ray and the resources are there
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / CONFIG_FILE)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
@@ -389,7 +390,7 @@ def run_experiment(
     finally:
         _release(run.server, group if placement is None else None)
         if created and not run.history and not list_checkpoints(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)  # failed before its first round: nothing to keep
+            _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
     summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
@@ -416,6 +417,17 @@ def _resume_hint(run: RunContext, created: bool) -> str:
     checkpoints = list_checkpoints(run.run_dir)
     since = f"its checkpoint of round {checkpoints[-1][0]}" if checkpoints else "round 1"
     return f"continue it from {since} with `fedray run --resume {run.run_dir}`"
+
+
+def _remove_created(directories: list[Path]) -> None:
+    """Remove the run directory and the parents this run created, unless another run has put
+    something in a parent since."""
+    shutil.rmtree(directories[0], ignore_errors=True)
+    for parent in directories[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _release(server: Any, group: PlacementGroup | None) -> None:
