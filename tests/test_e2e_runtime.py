@@ -79,9 +79,10 @@ def test_resume_after_a_crash_gives_the_same_final_model(baseline, tmp_path):
 
 
 def test_non_finite_updates_are_excluded_and_counted(ray_session, tmp_path, tiny_overrides):
-    config = load_config(None, tiny_overrides + ["train.lr=1e30", "train.rounds=2", "train.local_epochs=3"])
+    # lr=2 makes some clients of round 1 diverge, not all (all diverging fails the run: test_e2e_faults.py)
+    config = load_config(None, tiny_overrides + ["train.lr=2", "train.rounds=2", "train.local_epochs=3"])
     summary = run_experiment(config, progress=False)
     rows = round_rows(tmp_path / "run")
-    assert all(r["excluded_updates"] > 0 for r in rows)
+    assert 0 < rows[0]["excluded_updates"] < rows[0]["clients"]
     assert torch.isfinite(final_weights(tmp_path / "run")).all()
     assert summary.final_test_accuracy is not None and np.isfinite(summary.final_metrics["test_loss"])

@@ -22,16 +22,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line."""
-    from fedray.plugins import load_config
-    from fedray.runtime import resume_experiment, run_experiment
+    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config
+    is validated before Ray is imported or started, so a bad one fails in about a second."""
+    from fedray.plugins import load_config  # the algorithm's and callbacks' keys too; imports torch, not Ray
 
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
+        from fedray.runtime import resume_experiment
+
         summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
     else:
         config = load_config(args.config, args.overrides)
+        from fedray.runtime import run_experiment
+
         summary = run_experiment(config, address=args.address, progress=not args.quiet)
     print_summary(summary)
     return 0

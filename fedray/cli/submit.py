@@ -74,14 +74,22 @@ def check_fedray_command(fedray_args: list[str]) -> None:
 
 def submit_command(args: argparse.Namespace) -> int:
     from fedray.cluster import jobs
+    from fedray.config import ConfigError
 
     fedray_args = args.fedray_args[1:] if args.fedray_args[:1] == ["--"] else args.fedray_args
     entrypoint = jobs.job_entrypoint(fedray_args, args.working_dir)
     sys.path.append(str(args.working_dir.resolve()))  # plug-ins a config names import from it, as in the job
     check_fedray_command(fedray_args)
+    if not args.working_dir.is_dir():
+        raise ConfigError(f"--working-dir {args.working_dir}: not a directory")
+    plan = jobs.plan_upload(args.working_dir, args.exclude)
+    for path, reason in plan.skipped_links:
+        print(f"fedray: warning: not uploading the link {path}: {reason}", file=sys.stderr)
+    print(f"uploading {args.working_dir}: {plan.files} files, {plan.bytes / 1e6:.1f} MB "
+          f"(left out: {', '.join(jobs.DEFAULT_EXCLUDES)}, .gitignore/.rayignore entries, --exclude)", flush=True)
     try:
         client = jobs.connect(args.address)
-        job_id = jobs.submit(client, entrypoint, args.working_dir, args.exclude)
+        job_id = jobs.submit(client, entrypoint, args.working_dir, plan)
     except RuntimeError as error:  # jobs.JobError, or the job server refusing the request
         print(f"fedray: {error}", file=sys.stderr)
         return 1

@@ -19,15 +19,18 @@ import os
 import shlex
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
 from fedray.config import ConfigError
 
 ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own, in its order of precedence
-DEFAULT_EXCLUDES = [".git", "runs", "__pycache__", "*.egg-info"]  # never useful to a job, often large
+# Left out of every upload: never useful to a job, often large or secret. data/, sweeps/ and runs/ only at
+# the top (fedray's own package has a data/ folder); pass data on shared storage or as a URI instead.
+DEFAULT_EXCLUDES = [".git", "runs", "/data/", "/sweeps/", ".env", ".env.*", "__pycache__", "*.egg-info"]
 CONFIG_SUFFIXES = (".yaml", ".yml")
 JOB_ENV_VARS = {"PYTHONUNBUFFERED": "1"}  # the job's output reaches the logs as it is printed
 FEDRAY_METADATA = {"submitted_by": "fedray"}
@@ -113,14 +116,92 @@ def job_entrypoint(fedray_args: list[str], working_dir: Path) -> str:
     return shlex.join(["fedray", *args])
 
 
-def submit(client: JobSubmissionClient, entrypoint: str, working_dir: Path, excludes: list[str] = ()) -> str:
+@dataclass
+class UploadPlan:
+    """What ``fedray submit`` uploads: Ray's exclude patterns (the defaults, ``--exclude`` and one per
+    skipped link), the files and bytes that remain, and the links left out with the reason."""
+
+    excludes: list[str]
+    files: int = 0
+    bytes: int = 0
+    skipped_links: list[tuple[str, str]] = field(default_factory=list)  # (relative path, reason)
+
+
+def _escape_pattern(relative: str) -> str:
+    """An anchored .gitignore pattern matching exactly ``relative``."""
+    return "/" + "".join("\\" + c if c in "[]*?!#\\ " else c for c in relative)
+
+
+def _ignore_matcher(directory: Path, patterns: list[str]) -> Callable[[Path], bool]:
+    """Whether a path matches ``patterns`` read as a .gitignore in ``directory`` (Ray's own matcher, so
+    the plan leaves out exactly what Ray's upload leaves out)."""
+    from ray._private.thirdparty.pathspec import PathSpec
+
+    spec = PathSpec.from_lines("gitwildmatch", patterns)
+
+    def matches(path: Path) -> bool:
+        relative = path.relative_to(directory).as_posix()
+        return spec.match_file(relative + "/" if path.is_dir() and not path.is_symlink() else relative)
+
+    return matches
+
+
+def plan_upload(working_dir: Path, excludes: list[str] = ()) -> UploadPlan:
+    """Walk ``working_dir`` as Ray's upload will (its excludes, plus ``.gitignore``/``.rayignore`` in
+    every folder) without following links, and leave out every symbolic link that points outside the
+    working directory, is broken, or points at a folder (Ray would follow it: a link to a parent folder
+    is packed dozens of levels deep); the target of a folder link inside the working directory is
+    uploaded in its own place."""
+    root = working_dir.resolve()
+    plan = UploadPlan(excludes=DEFAULT_EXCLUDES + list(excludes))
+    stack: list[tuple[Path, list[Callable[[Path], bool]]]] = [(working_dir, [_ignore_matcher(working_dir, plan.excludes)])]
+    while stack:
+        directory, matchers = stack.pop()
+        matchers = list(matchers)
+        for ignore_file in (".gitignore", ".rayignore"):
+            if (directory / ignore_file).is_file():
+                matchers.append(_ignore_matcher(directory, (directory / ignore_file).read_text(errors="replace").splitlines()))
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if any(match(entry) for match in matchers):
+                continue
+            relative = entry.relative_to(working_dir).as_posix()
+            if entry.is_symlink():
+                reason = _link_problem(entry, root)
+                if reason is not None:
+                    plan.skipped_links.append((relative, reason))
+                    plan.excludes.append(_escape_pattern(relative))
+                    continue
+            if entry.is_dir() and not entry.is_symlink():
+                stack.append((entry, matchers))
+            elif entry.is_file():
+                plan.files += 1
+                plan.bytes += entry.stat().st_size
+    return plan
+
+
+def _link_problem(link: Path, root: Path) -> str | None:
+    """Why the symbolic link ``link`` must not be uploaded, or None if its target may be."""
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # broken, or a loop of links
+        return f"broken or looping link to {os.readlink(link)}"
+    if not target.is_relative_to(root):
+        return f"points outside the working directory, to {target}"
+    if target.is_dir():
+        return "links to a folder (its target, inside the working directory, is uploaded in its own place)"
+    return None
+
+
+def submit(client: JobSubmissionClient, entrypoint: str, working_dir: Path, plan: UploadPlan) -> str:
     """Submit ``entrypoint`` (see :func:`job_entrypoint`) with ``working_dir`` uploaded as the job's
-    working directory; returns the job id."""
-    if not working_dir.is_dir():
-        raise ConfigError(f"--working-dir {working_dir}: not a directory")
+    working directory as ``plan`` (:func:`plan_upload`) says; returns the job id."""
     runtime_env = {
         "working_dir": str(working_dir),
-        "excludes": DEFAULT_EXCLUDES + list(excludes),
+        "excludes": list(plan.excludes),
         "env_vars": dict(JOB_ENV_VARS),
     }
     return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=dict(FEDRAY_METADATA))

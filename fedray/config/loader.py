@@ -71,8 +71,6 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: not valid YAML{where}: {short_repr(problem, 200)[1:-1]}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source}: not valid YAML: {short_repr(str(error), 200)[1:-1]}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels") from None
     check_config_shape(loaded, source)
     return loaded
 

@@ -35,9 +35,9 @@ class SyntheticConfig(Section):
 
     num_train: int = Field(10_000, gt=0)
     num_test: int = Field(2_000, gt=0)
-    channels: int = Field(1, gt=0)
-    image_size: int = Field(8, gt=0)
-    num_classes: int = Field(10, ge=2)
+    channels: int = Field(1, gt=0, le=64)
+    image_size: int = Field(8, gt=0, le=1024)
+    num_classes: int = Field(10, ge=2, le=100_000)
     noise: float = Field(0.5, ge=0)
 
 
@@ -45,7 +45,7 @@ class DataConfig(Section):
     name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
     root: str = Field("data", max_length=4096)
     download: bool = False
-    num_clients: int = Field(20, gt=0)
+    num_clients: int = Field(20, gt=0, le=100_000_000)
     partition: Literal[PARTITIONS] = "dirichlet"  # type: ignore[valid-type]
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (symbol α)")
     min_samples_per_client: int = Field(
@@ -53,10 +53,10 @@ class DataConfig(Section):
     )
     classes_per_client: int = Field(2, ge=1, description="shards: label classes per client")
     quantity_sigma: float = Field(
-        1.0, gt=0, description="quantity: sigma of the log-normal client sizes"
+        1.0, gt=0, le=10, description="quantity: sigma of the log-normal client sizes"
     )
     imbalance_ratio: float = Field(
-        1.0, ge=1, description="dirichlet_equal_size: long-tail ratio n_max/n_min (1 = balanced)"
+        1.0, ge=1, le=10_000, description="dirichlet_equal_size: long-tail ratio n_max/n_min (1 = balanced)"
     )
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="digits/synthetic: share held out as the global test set"
@@ -91,7 +91,7 @@ class ModelConfig(Section):
     projection_dim: int | None = Field(
         None, gt=0, description="output size of the optional projection head (None: no head)"
     )
-    width: int = Field(16, gt=0, description="channels of the first conv layer (CNNs)")
+    width: int = Field(16, gt=0, le=1024, description="channels of the first conv layer (CNNs)")
 
 
 class AlgorithmConfig(BaseModel):

@@ -289,9 +289,17 @@ def _load_tiny_imagenet(root: Path, download: bool) -> tuple[ArrayDataset, Array
             val_paths.append(val / "images" / file_name)
             val_labels.append(train_folder.class_to_idx[wnid])
 
+    def read_image(path: Path) -> np.ndarray:
+        try:
+            image = np.asarray(train_folder.loader(str(path)))  # RGB [H, W, 3]
+        except (OSError, ValueError, SyntaxError) as error:  # PIL: unidentified, truncated or broken file
+            raise ConfigError(f"data.name=tinyimagenet: cannot read the image {path}: {error}") from None
+        if image.shape != (64, 64, 3):
+            raise ConfigError(f"data.name=tinyimagenet: {path} is {'×'.join(map(str, image.shape))}, expected 64×64×3")
+        return image
+
     def read_images(paths: list) -> np.ndarray:
-        images = [np.asarray(train_folder.loader(str(path))) for path in paths]  # RGB [H, W, 3]
-        return np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2))
+        return np.ascontiguousarray(np.stack([read_image(path) for path in paths]).transpose(0, 3, 1, 2))
 
     train = ArrayDataset(
         read_images([path for path, _ in train_folder.samples]),

@@ -32,6 +32,7 @@ from fedray.config import ConfigError, RunConfig, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.runtime.server import Server, WorkerPoolError
 from fedray.runtime.state_store import ClientStateError, ClientStateStore, client_state_location, nodes_missing_location
@@ -111,8 +112,11 @@ def new_run_dir(config: RunConfig) -> Path:
     label = algorithm_label(config.algorithm.name)  # a plug-in's `name`, not its module:Class reference
     name = config.output.name or f"{label}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"invalid config:\n  output.dir: {root} is a file, not a directory")
+    existing = next(path for path in (root, *root.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"invalid config:\n  output.dir: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"invalid config:\n  output.dir: cannot create or write {root} (no permission on {existing})")
     run_dir = root / name
     if config.output.name is not None and run_dir.exists():
         raise ConfigError(
@@ -132,6 +136,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     dataset, e.g. its model's taps) fail as config errors before Ray starts. ``data``: the dataset of
     ``config.data`` and ``config.seed`` when the caller has it already (a sweep validating many trials
     of one partition)."""
+    check_synthetic_size(config)
     if data is None:
         try:
             data = build_federated_dataset(config.data, config.seed)
@@ -162,6 +167,22 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
             f"{info.channels}×{info.image_size}×{info.image_size} images)"
         ) from None
     return data
+
+
+def check_synthetic_size(config: RunConfig) -> None:
+    """Refuse a synthetic dataset that would not fit in half of the machine's memory (it is
+    generated in float32 before being stored as uint8)."""
+    if config.data.name != "synthetic":
+        return
+    spec = config.data.synthetic
+    needed = max(spec.num_train, spec.num_test) * spec.channels * spec.image_size**2 * 5  # float32 + uint8
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory // 2:
+        raise ConfigError(
+            f"invalid config:\n  data.synthetic: {spec.num_train:,} + {spec.num_test:,} images of "
+            f"{spec.channels}×{spec.image_size}×{spec.image_size} need about {needed / 1e9:.1f} GB to generate; "
+            f"this machine has {memory / 1e9:.1f} GB"
+        )
 
 
 def _first_line(error: BaseException) -> str:
@@ -372,12 +393,12 @@ def run_experiment(
     if not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS")):
         check_local_resources(config)
     ray_startup_seconds = ensure_ray(address, config)
-    created = not run_dir.exists()  # a run directory appears only once Ray and the resources are there
+    created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
+    created = bool(created_dirs)  # a run directory appears only once Ray and the resources are there
     try:
         check_client_state_location(config, run_dir)
     except ConfigError:
-        if created:
-            shutil.rmtree(run_dir, ignore_errors=True)  # the reachability marker's directories
+        _remove_created(created_dirs)  # the reachability marker's directories
         raise
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
@@ -413,14 +434,16 @@ def run_experiment(
             callback.on_run_end(run)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
-    except WorkerPoolError as error:
-        raise RunError(f"{_first_line(error)}; {_resume_hint(run, created)}") from None
+    except WorkerPoolError as error:  # raised in the server actor: Ray wraps it, the message is its cause's
+        raise RunError(f"{_first_line(getattr(error, 'cause', error))}; {_resume_hint(run, created)}") from None
     except RayActorError as error:  # the server actor itself (its node, or the process) died
         raise RunError(f"the server actor died ({_first_line(error)}); {_resume_hint(run, created)}") from None
+    except DiskFullError as error:
+        raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
         _release(run.server, group if placement is None else None)
         if created and not run.history and not list_checkpoints(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)  # failed before its first round: nothing to keep
+            _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
     summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
@@ -447,6 +470,17 @@ def _resume_hint(run: RunContext, created: bool) -> str:
     checkpoints = list_checkpoints(run.run_dir)
     since = f"its checkpoint of round {checkpoints[-1][0]}" if checkpoints else "round 1"
     return f"continue it from {since} with `fedray run --resume {run.run_dir}`"
+
+
+def _remove_created(directories: list[Path]) -> None:
+    """Remove the run directory and the parents this run created, unless another run has put
+    something in a parent since."""
+    shutil.rmtree(directories[0], ignore_errors=True)
+    for parent in directories[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _release(server: Any, group: PlacementGroup | None) -> None:

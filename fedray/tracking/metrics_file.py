@@ -20,6 +20,7 @@ damaged part is reported, naming the file, rather than read as different numbers
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 from fedray.tracking.atomic import write_bytes_atomically
 from fedray.tracking.callbacks import Callback, RunContext
 
+logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.parquet"
 PARTS_DIR = "metrics_parts"
 _PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
@@ -72,6 +74,8 @@ def list_parts(run_dir: str | Path) -> list[tuple[int, int, Path]]:
 def _read_table(path: Path) -> pa.Table:
     try:
         return pq.read_table(path, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise  # replaced by a wider part while being read: the caller lists the parts again
     except (OSError, pa.ArrowException) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise MetricsError(f"{path} is damaged ({reason})") from None
@@ -79,8 +83,17 @@ def _read_table(path: Path) -> pa.Table:
 
 def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
     """Every metrics row of a run as one table (columns unified; missing values are null), sorted by
-    round; None if the run has written no metrics yet. Raises :class:`MetricsError` for a damaged file."""
-    run_dir = Path(run_dir)
+    round; None if the run has written no metrics yet. Raises :class:`MetricsError` for a damaged file.
+    Safe while the run writes: a part replaced during the read makes it start again."""
+    for _ in range(10):
+        try:
+            return _read_metrics_once(Path(run_dir))
+        except FileNotFoundError:
+            continue
+    return _read_metrics_once(Path(run_dir))
+
+
+def _read_metrics_once(run_dir: Path) -> pa.Table | None:
     parts, covered_to = [], 0
     for first, last, path in sorted(list_parts(run_dir), key=lambda part: (part[0], -part[1])):
         if last > covered_to:  # else a wider part holds its rounds (it is being replaced)
@@ -88,11 +101,20 @@ def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
             covered_to = last
     tables = [_read_table(path) for _, _, path in parts]
     if (run_dir / METRICS_FILE).is_file():
-        compacted = _read_table(run_dir / METRICS_FILE)
-        in_parts = pa.array(sorted({r for first, last, _ in parts for r in range(first, last + 1)}), pa.int64())
-        if parts:  # a compaction that stopped before removing the parts: the parts hold those rounds
-            compacted = compacted.filter(pc.invert(pc.is_in(compacted["round"], in_parts)))
-        tables.insert(0, compacted)
+        try:
+            compacted = _read_table(run_dir / METRICS_FILE)
+        except MetricsError:
+            if not parts:
+                raise
+            # A run with parts is unfinished: its metrics.parquet is left over (or was damaged) and the
+            # parts are the record; any round missing from them is caught by check_metrics_cover.
+            logger.warning("ignoring the unreadable %s: the run's rows are in %s/", run_dir / METRICS_FILE, PARTS_DIR)
+            compacted = None
+        if compacted is not None:
+            if parts:  # a compaction that stopped before removing the parts: the parts hold those rounds
+                in_parts = pa.array(sorted({r for first, last, _ in parts for r in range(first, last + 1)}), pa.int64())
+                compacted = compacted.filter(pc.invert(pc.is_in(compacted["round"], in_parts)))
+            tables.insert(0, compacted)
     if not tables:
         return None
     table = pa.concat_tables(tables, promote_options="permissive")
