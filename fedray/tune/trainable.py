@@ -1,6 +1,6 @@
 """One Tune trial = one full fedray simulation, inside the trial's own placement group.
 
-Resources (DESIGN.md principle 8): a trial reserves, in one ``tune.PlacementGroupFactory``,
+Resources (one placement group per trial): a trial reserves, in one ``tune.PlacementGroupFactory``,
 
 - bundle 0: the trial's driver (``driver_cpus`` of the sweep file) plus the server actor
   (``resources.server_cpus``, 0 by default), which :func:`fedray.runtime.run_experiment` schedules in
