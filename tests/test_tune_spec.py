@@ -190,6 +190,9 @@ BAD_CLI = [
     (lambda t: ["tune", str(t / "good.yaml"), "--max-concurrent", "0"], "max_concurrent_trials"),
     (lambda t: ["tune", "--resume", str(t), "--space", "seed=grid:[1]"], "--resume takes the sweep directory only"),
     (lambda t: ["tune", str(t / "good.yaml"), "--trust-tune-state"], "--trust-tune-state goes with --resume"),
+    (lambda t: ["tune", str(t / "good.yaml"), "--top", "-1"], "--top: expected a positive number"),
+    (lambda t: ["tune", str(t / "missing.yaml")], "config file not found"),
+    (lambda t: ["tune", "--resume", str(t / "good.yaml")], "good.yaml is not a fedray sweep directory"),
 ]
 
 

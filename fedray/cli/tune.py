@@ -35,6 +35,8 @@ def tune_command(args: argparse.Namespace) -> int:
     from fedray.tune import load_sweep, resume_sweep, run_sweep
     from fedray.tune.spec import shadowed_overrides
 
+    if args.top < 1:
+        raise ConfigError(f"--top: expected a positive number of trials to show (got {args.top})")
     if args.resume:
         if args.sweep or args.overrides or args.space or args.num_samples is not None or args.max_concurrent is not None:
             raise ConfigError("--resume takes the sweep directory only; its saved sweep.yaml is used as is")

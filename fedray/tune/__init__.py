@@ -1,9 +1,12 @@
 """Hyperparameter sweeps with Ray Tune: one trial = one full simulation in its own placement group.
 
-- :mod:`.spec`: the sweep file (schema, loading, validation before Ray starts);
-- :mod:`.trainable`: the trial (resources, per-round reporting, checkpoints and restore);
+- :mod:`.spec`: the sweep file (schema, loading, command-line changes, validation before Ray starts);
+- :mod:`.trainable`: the trial (resources, per-round reporting, checkpoints, restore, PBT clones);
+- :mod:`.schedulers`: FIFO / ASHA / PBT, and ASHA's state saved with Tune's experiment state;
 - :mod:`.results`: the sweep directory's ``trials.parquet`` / ``rounds.parquet`` / ``meta.json``;
-- :mod:`.sweep`: run and resume; :mod:`.summary`: the tables printed at the end.
+- :mod:`.trust`: digests of the Tune state, checked before ``--resume`` unpickles it;
+- :mod:`.sweep`: run and resume; :mod:`.progress`: the progress line; :mod:`.summary`: the tables
+  printed at the end.
 
 See docs/tune.md for the sweep file format and the sweep directory contract.
 """

@@ -40,6 +40,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterator, Literal, Union
 
@@ -295,10 +296,11 @@ def parse_space_option(option: str) -> tuple[str, dict[str, Any]]:
     """``"data.alpha=grid:[0.1, 0.5]"`` -> ``("data.alpha", {"grid": [0.1, 0.5]})`` (the values are YAML)."""
     key, equals, domain = option.partition("=")
     kind, colon, values = domain.partition(":")
+    shown = option if len(option) <= 80 else option[:77] + "..."
     kind = kind.strip()
     if not equals or not key.strip() or not colon or kind not in DOMAINS:
         raise ConfigError(
-            f"--space {option!r}: expected KEY=KIND:[VALUES] with KIND one of {', '.join(DOMAINS)}, "
+            f"--space {shown!r}: expected KEY=KIND:[VALUES] with KIND one of {', '.join(DOMAINS)}, "
             "e.g. --space data.alpha=grid:[0.1,0.5] or --space train.lr=loguniform:[0.001,0.1]"
         )
     try:
@@ -306,18 +308,16 @@ def parse_space_option(option: str) -> tuple[str, dict[str, Any]]:
     except yaml.YAMLError:
         parsed = None
     if not isinstance(parsed, list):
-        raise ConfigError(f"--space {option!r}: the values must be a YAML list, e.g. {kind}:[0.1, 0.5]")
+        raise ConfigError(f"--space {shown!r}: the values must be a YAML list, e.g. {kind}:[0.1, 0.5]")
     return key.strip(), {kind: [_number_or_value(value) for value in parsed]}
+
+
+_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
 def _number_or_value(value: Any) -> Any:
     """YAML 1.1 reads ``1e-3`` (no dot) as a string: a command line means the number."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
+    return float(value) if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value) else value
 
 
 def shadowed_overrides(spec: SweepSpec, overrides: list[str]) -> list[str]:

@@ -97,7 +97,7 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
         table["errored"] = (shown["status"] == ERROR).to_numpy()
         table["column"] = table[columns].astype(str).agg(", ".join, axis=1) if columns else "all"
         header = ", ".join(columns) if columns else ""
-        cells = table.groupby([ALGORITHM_KEY, "column"], sort=True).apply(lambda group: _cell(metric, group))
+        cells = table.groupby([ALGORITHM_KEY, "column"], sort=True)[["value", "errored"]].apply(lambda group: _cell(metric, group))
         pivot = cells.unstack("column").fillna("—")
         lines = [
             f"### final {metric} (mean ± std over seeds)" + (f"; columns: {header}" if header else ""),

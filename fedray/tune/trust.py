@@ -9,7 +9,6 @@ someone else, or edited, is rejected before anything is unpickled.
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,25 @@ from fedray.config import ConfigError
 from fedray.tune.results import read_meta, update_meta
 
 DIGESTS_KEY = "tune_state_sha256"
-RECORD_INTERVAL_S = 1.0
 
 
 def tune_state_files(experiment_dir: Path) -> list[Path]:
     """The files of Tune's experiment directory that a restore may unpickle: every file at its top
-    level and every ``*.pkl`` below it (the trials' ``params.pkl``, ``error.pkl``)."""
-    top = [path for path in experiment_dir.iterdir() if path.is_file()] if experiment_dir.is_dir() else []
-    below = [path for path in experiment_dir.glob("*/**/*.pkl") if path.is_file()]
-    return sorted(set(top + below))
+    level and every trial directory's ``*.pkl`` (``error.pkl``, ``params.pkl``)."""
+    if not experiment_dir.is_dir():
+        return []
+    top = [path for path in experiment_dir.iterdir() if path.is_file()]
+    return sorted(top + [path for path in experiment_dir.glob("*/*.pkl") if path.is_file()])
 
 
 def tune_state_digests(experiment_dir: Path) -> dict[str, str]:
-    return {
-        path.relative_to(experiment_dir).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in tune_state_files(experiment_dir)
-    }
+    digests = {}
+    for path in tune_state_files(experiment_dir):
+        try:
+            digests[path.relative_to(experiment_dir).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:  # a temporary file Tune renamed meanwhile
+            continue
+    return digests
 
 
 def record_tune_state(sweep_dir: Path, experiment_dir: Path) -> None:
@@ -60,24 +62,27 @@ def verify_tune_state(sweep_dir: Path, experiment_dir: Path) -> None:
 
 
 class TuneStateRecorder(tune.Callback):
-    """Records the Tune state's digests whenever a state file changed (at most once a second) and when
-    the sweep ends; Tune writes its experiment checkpoint just before ``on_step_end``."""
+    """Records the Tune state's digests after every Tune step in which a state file changed (a cheap
+    ``stat`` otherwise) and when the sweep ends. Tune saves its experiment state just before
+    ``on_step_end`` and copies it into ``tune/`` in the background, so a copy that lands after one
+    step is recorded at the next."""
 
     def __init__(self, sweep_dir: Path, experiment_dir: Path) -> None:
         self.sweep_dir = sweep_dir
         self.experiment_dir = experiment_dir
-        self._last_check = 0.0
         self._last_stats: list[tuple[Any, ...]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_last_stats": None, "_last_check": 0.0}
+        return {**self.__dict__, "_last_stats": None}
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        now = time.monotonic()
-        if now - self._last_check < RECORD_INTERVAL_S:
-            return
-        self._last_check = now
-        stats = [(path, path.stat().st_mtime_ns, path.stat().st_size) for path in tune_state_files(self.experiment_dir)]
+        stats = []
+        for path in tune_state_files(self.experiment_dir):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # replaced by Tune between the listing and the stat
+                continue
+            stats.append((path, stat.st_mtime_ns, stat.st_size))
         if stats != self._last_stats:
             record_tune_state(self.sweep_dir, self.experiment_dir)
             self._last_stats = stats
