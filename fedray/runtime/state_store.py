@@ -115,6 +115,8 @@ def decode_state(data: bytes, what: str) -> dict[str, torch.Tensor]:
 
 
 class ClientStateStore:
+    """One worker's view of a run's client states at ``location`` (a path or a URI), with its cache."""
+
     def __init__(self, location: str | Path, cache_size: int = 256) -> None:
         self.location = str(location)
         self.filesystem, self.root = open_location(self.location)
@@ -160,7 +162,7 @@ class ClientStateStore:
             self._cache.popitem(last=False)
         wanted = {self._path(client_id, v) for v in (version, *keep) if v != NO_STATE}
         for info in self.filesystem.get_file_info(pafs.FileSelector(self._client_dir(client_id))):
-            if info.path not in wanted and info.base_name.endswith(".pt"):
+            if info.path not in wanted and info.base_name.startswith("r") and info.base_name.endswith(".pt"):
                 self.filesystem.delete_file(info.path)
                 self._cache.pop((client_id, int(info.base_name[1:-3])), None)
 
