@@ -199,3 +199,12 @@ def test_stateful_run_resumes_from_the_older_kept_checkpoint(ray_session, tmp_pa
     assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(reference_dir))
     mine, theirs = final_client_states(run_dir, crashed), final_client_states(reference_dir, reference)
     assert all(torch.equal(mine[c]["personal"], theirs[c]["personal"]) for c in range(4))
+
+
+def test_a_stateful_run_with_an_unopenable_state_location_fails_before_writing_anything(tmp_path):
+    from fedray.config import ConfigError
+
+    config = load_config(None, ["algorithm.name=fedper", f"output.dir={tmp_path}", "output.client_state_dir=nosuch://bucket/state"])
+    with pytest.raises(ConfigError, match=r"output.client_state_dir: cannot open the client state location 'nosuch://bucket/state/"):
+        run_experiment(config, progress=False)
+    assert not any(tmp_path.iterdir())  # no run directory: it failed before Ray and before writing

@@ -142,23 +142,34 @@ def with_absolute_state_dir(config: RunConfig) -> RunConfig:
     return config
 
 
-def check_client_state_location(config: RunConfig, run_dir: Path) -> None:
-    """For an algorithm with per-client state: its store must open, and on a multi-node cluster every
-    node must read what the driver writes there; otherwise fail before the first round instead of
-    when a client moves to another node."""
-    algorithm = get_algorithm_class(config.algorithm.name)
-    if not algorithm.keeps_client_state:
-        return
+def _state_key(config: RunConfig) -> str:
+    return "output.client_state_dir" if config.output.client_state_dir is not None else "output.dir"
+
+
+def open_client_state_location(config: RunConfig, run_dir: Path) -> str | None:
+    """The client state location of an algorithm with per-client state (None for the others), after
+    checking that it opens: a bad URI fails as a config error, before Ray starts."""
+    if not get_algorithm_class(config.algorithm.name).keeps_client_state:
+        return None
     location = client_state_location(config.output, run_dir)
-    key = "output.client_state_dir" if config.output.client_state_dir is not None else "output.dir"
     try:
         ClientStateStore(location)
+    except (ClientStateError, OSError) as error:
+        raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
+    return location
+
+
+def require_shared_client_state(config: RunConfig, location: str) -> None:
+    """On a multi-node cluster every node must read what the driver writes at the client state
+    location; otherwise fail before the first round instead of when a client moves to another node."""
+    key = _state_key(config)
+    try:
         missing = nodes_missing_location(location)
     except (ClientStateError, OSError) as error:
         raise ConfigError(f"invalid config:\n  {key}: {error}") from None
     if missing:
         raise ConfigError(
-            f"invalid config:\n  {key}: {algorithm.name} keeps per-client state in {location}, which is node-local: "
+            f"invalid config:\n  {key}: {config.algorithm.name} keeps per-client state in {location}, which is node-local: "
             f"node(s) {', '.join(missing)} cannot read a file written there. On a multi-node cluster set "
             "output.client_state_dir (or output.dir) to storage every node reaches: a path every node mounts at "
             "the same place, or an object-store URI such as s3://BUCKET/fedray-state"
@@ -231,10 +242,12 @@ def run_experiment(
     data = prepare_data(config)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     checkpoint = load_latest_checkpoint(run_dir) if resume else None
+    state_location = open_client_state_location(config, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / CONFIG_FILE)
     ray_startup_seconds = ensure_ray(address, config)
-    check_client_state_location(config, run_dir)
+    if state_location is not None:
+        require_shared_client_state(config, state_location)
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
     server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
