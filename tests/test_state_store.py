@@ -132,6 +132,13 @@ def test_cache_serves_sticky_clients_without_reading_storage(location):
     store.save(4, 2, state(2), keep=())  # cache_size=1: client 1 is evicted and read from storage
     with pytest.raises(ClientStateError):
         store.load(1, 2, CPU)
+    by_bytes = ClientStateStore(location, cache_bytes=2 * 24)  # a state(...) holds 6 float32 = 24 bytes
+    for client in (7, 8, 9):
+        by_bytes.save(client, 1, state(float(client)), keep=())
+        overwrite(location, client, 1, lambda data: b"")
+    assert torch.equal(by_bytes.load(9, 1, CPU)["w"], state(9.0)["w"]) and torch.equal(by_bytes.load(8, 1, CPU)["w"], state(8.0)["w"])
+    with pytest.raises(ClientStateError):  # the oldest went over the byte budget
+        by_bytes.load(7, 1, CPU)
 
 
 def test_locations_follow_output_dir_or_client_state_dir(tmp_path, s3):
@@ -199,3 +206,12 @@ def test_stateful_run_resumes_from_the_older_kept_checkpoint(ray_session, tmp_pa
     assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(reference_dir))
     mine, theirs = final_client_states(run_dir, crashed), final_client_states(reference_dir, reference)
     assert all(torch.equal(mine[c]["personal"], theirs[c]["personal"]) for c in range(4))
+
+
+def test_a_stateful_run_with_an_unopenable_state_location_fails_before_writing_anything(tmp_path):
+    from fedray.config import ConfigError
+
+    config = load_config(None, ["algorithm.name=fedper", f"output.dir={tmp_path}", "output.client_state_dir=nosuch://bucket/state"])
+    with pytest.raises(ConfigError, match=r"output.client_state_dir: cannot open the client state location 'nosuch://bucket/state/"):
+        run_experiment(config, progress=False)
+    assert not any(tmp_path.iterdir())  # no run directory: it failed before Ray and before writing

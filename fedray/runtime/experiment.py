@@ -298,23 +298,34 @@ def with_absolute_state_dir(config: RunConfig) -> RunConfig:
     return config
 
 
-def check_client_state_location(config: RunConfig, run_dir: Path) -> None:
-    """For an algorithm with per-client state: its store must open, and on a multi-node cluster every
-    node must read what the driver writes there; otherwise fail before the first round instead of
-    when a client moves to another node."""
-    algorithm = get_algorithm_class(config.algorithm.name)
-    if not algorithm.keeps_client_state:
-        return
+def _state_key(config: RunConfig) -> str:
+    return "output.client_state_dir" if config.output.client_state_dir is not None else "output.dir"
+
+
+def open_client_state_location(config: RunConfig, run_dir: Path) -> str | None:
+    """The client state location of an algorithm with per-client state (None for the others), after
+    checking that it opens: a bad URI fails as a config error, before Ray starts."""
+    if not get_algorithm_class(config.algorithm.name).keeps_client_state:
+        return None
     location = client_state_location(config.output, run_dir)
-    key = "output.client_state_dir" if config.output.client_state_dir is not None else "output.dir"
     try:
         ClientStateStore(location)
+    except (ClientStateError, OSError) as error:
+        raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
+    return location
+
+
+def require_shared_client_state(config: RunConfig, location: str) -> None:
+    """On a multi-node cluster every node must read what the driver writes at the client state
+    location; otherwise fail before the first round instead of when a client moves to another node."""
+    key = _state_key(config)
+    try:
         missing = nodes_missing_location(location)
     except (ClientStateError, OSError) as error:
         raise ConfigError(f"invalid config:\n  {key}: {error}") from None
     if missing:
         raise ConfigError(
-            f"invalid config:\n  {key}: {algorithm.name} keeps per-client state in {location}, which is node-local: "
+            f"invalid config:\n  {key}: {config.algorithm.name} keeps per-client state in {location}, which is node-local: "
             f"node(s) {', '.join(missing)} cannot read a file written there. On a multi-node cluster set "
             "output.client_state_dir (or output.dir) to storage every node reaches: a path every node mounts at "
             "the same place, or an object-store URI such as s3://BUCKET/fedray-state"
@@ -390,16 +401,18 @@ def run_experiment(
     checkpoint = load_latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:
         check_metrics_cover(run_dir, int(checkpoint["round"]))
+    state_location = open_client_state_location(config, run_dir)  # a bad URI fails here, before Ray
     if not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS")):
         check_local_resources(config)
     ray_startup_seconds = ensure_ray(address, config)
     created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
     created = bool(created_dirs)  # a run directory appears only once Ray and the resources are there
-    try:
-        check_client_state_location(config, run_dir)
-    except ConfigError:
-        _remove_created(created_dirs)  # the reachability marker's directories
-        raise
+    if state_location is not None:
+        try:
+            require_shared_client_state(config, state_location)
+        except ConfigError:
+            _remove_created(created_dirs)  # the reachability marker's directories
+            raise
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ Versions: the server tells a worker which version to load (the round the client 
 in) and which versions the kept checkpoints refer to (up to ``checkpoint.keep`` of them). After
 writing round ``r`` a worker deletes the client's other versions except those, so a retried client,
 a resumed run, and a resume from any checkpoint still on disk all read exactly the state they would
-have read without the failure. A worker caches the states it wrote (``cache_size`` most recent):
-a sticky client, trained on the same worker as last time, never reads its state back.
+have read without the failure. A worker caches the states it wrote (the ``cache_size`` most recent,
+at most ``cache_bytes`` of tensors): a sticky client, trained on the same worker as last time, never
+reads its state back.
 """
 
 from __future__ import annotations
@@ -116,14 +117,21 @@ def decode_state(data: bytes, what: str) -> dict[str, torch.Tensor]:
         raise ClientStateError(f"{what} is corrupt: {type(error).__name__}: {error}") from None
 
 
+def _nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
 class ClientStateStore:
-    def __init__(self, location: str | Path, cache_size: int = 256) -> None:
+    """One worker's view of a run's client states at ``location`` (a path or a URI), with its cache."""
+
+    def __init__(self, location: str | Path, cache_size: int = 256, cache_bytes: int = 1 << 30) -> None:
         self.location = str(location)
         self.filesystem, self.root = open_location(self.location)
         self.display_root = f"{urlsplit(self.location).scheme}://{self.root}" if is_uri(self.location) else self.root
         self.atomic_put = self.filesystem.type_name in _OBJECT_STORES
-        self.cache_size = cache_size
+        self.cache_size, self.cache_bytes = cache_size, cache_bytes  # at most this many states, this many bytes
         self._cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
+        self._cached_bytes = 0
 
     def _client_dir(self, client_id: int) -> str:
         return f"{self.root}/{client_id:07d}"
@@ -156,15 +164,21 @@ class ClientStateStore:
         ``version`` and ``keep`` (the version loaded this round and those the kept checkpoints use)."""
         cpu_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
         self.write_atomic(self._path(client_id, version), encode_state(cpu_state))
+        self._uncache((client_id, version))
         self._cache[(client_id, version)] = cpu_state
-        self._cache.move_to_end((client_id, version))
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._cached_bytes += _nbytes(cpu_state)
+        while len(self._cache) > 1 and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
+            self._uncache(next(iter(self._cache)))
         wanted = {self._path(client_id, v) for v in (version, *keep) if v != NO_STATE}
         for info in self.filesystem.get_file_info(pafs.FileSelector(self._client_dir(client_id))):
-            if info.path not in wanted and info.base_name.endswith(".pt"):
+            if info.path not in wanted and info.base_name.startswith("r") and info.base_name.endswith(".pt"):
                 self.filesystem.delete_file(info.path)
-                self._cache.pop((client_id, int(info.base_name[1:-3])), None)
+                self._uncache((client_id, int(info.base_name[1:-3])))
+
+    def _uncache(self, key: tuple[int, int]) -> None:
+        state = self._cache.pop(key, None)
+        if state is not None:
+            self._cached_bytes -= _nbytes(state)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` at ``path`` so that readers see the whole file or no file."""
