@@ -128,7 +128,7 @@ def test_divergence_is_the_mean_conv_weight_change(tmp_path):
     start = [w.detach().clone() for w in encoder_conv_weights(model)]
     assert len(start) == 2
     set_flat_weights(model, run.client_state(2)["online"], ONLINE_PREFIXES)
-    end = encoder_conv_weights(model)
+    end = [w.detach() for w in encoder_conv_weights(model)]
     expected = float((torch.dist(end[0], start[0]) + torch.dist(end[1], start[1])) / 2)
     assert float(run.client_state(2)["divergence"]) == pytest.approx(expected, rel=1e-5)
     assert mean_divergence(start, start) == 0.0
