@@ -35,7 +35,7 @@ from fedray.config import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, set_flat_weights
 from fedray.runtime import run_experiment
-from fedray.runtime.seeding import sample_cohort
+from fedray.seeding import sample_cohort
 from fedray.tracking import Callback
 
 W1 = [

@@ -19,7 +19,7 @@ from fedray.data import build_federated_dataset
 from fedray.data.augment import get_augmentation
 from fedray.models import get_flat_weights, num_flat_weights
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.seeding import seed_client
+from fedray.seeding import seed_client
 
 # --------------------------------------------------------------------- fixtures
 

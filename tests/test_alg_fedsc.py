@@ -35,7 +35,7 @@ from fedray.config import ConfigError, RunConfig
 from fedray.data import FederatedDataset, build_federated_dataset, get_augmentation
 from fedray.models import FedModel
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.seeding import seed_client
+from fedray.seeding import seed_client
 
 # ----------------------------------------------------------------------------- Ray-free harness
 

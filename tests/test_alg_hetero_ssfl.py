@@ -15,7 +15,7 @@ from fedray import load_config
 from fedray.config import ConfigError, ModelConfig
 from fedray.data import build_federated_dataset, get_augmentation
 from fedray.models import ResNet, get_flat_weights
-from fedray.runtime.seeding import seed_client
+from fedray.seeding import seed_client
 
 TWO_CNNS = "[{name: cnn_small, width: 8}, {name: cnn_small, width: 16, projection_dim: 16}]"
 SIAMESE = [

@@ -18,7 +18,7 @@ from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, num_flat_weights
 from fedray.runtime.reduction import merge_partials
 from fedray.runtime.scheduler import assign_clients
-from fedray.runtime.seeding import sample_cohort
+from fedray.seeding import sample_cohort
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 

@@ -64,6 +64,9 @@ def test_config_does_not_import_the_algorithms_and_import_fedray_is_cheap():
         "import fedray\n"
         "heavy = [m for m in ('torch', 'ray', 'fedray.algorithms', 'fedray.runtime') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+        "import fedray.algorithms\n"
+        "upward = [m for m in sys.modules if m.startswith(('fedray.runtime', 'fedray.tune', 'fedray.cli', 'fedray.plugins'))]\n"
+        "assert not upward, f'fedray.algorithms imports layers above it: {upward}'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
 

@@ -10,7 +10,7 @@ from fedray.algorithms.base import ClientUpdate
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.runtime.scheduler import assign_clients
-from fedray.runtime.seeding import derive_seed, sample_cohort, seed_client
+from fedray.seeding import derive_seed, sample_cohort, seed_client
 from fedray.runtime.state_store import NO_STATE, ClientStateStore
 
 

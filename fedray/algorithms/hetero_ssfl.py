@@ -75,7 +75,7 @@ from fedray.algorithms.ssl import (
 from fedray.config import ModelConfig, RunConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
-from fedray.runtime.seeding import derive_seed
+from fedray.seeding import derive_seed
 
 # Random streams of their own, so that none of these draws shifts the clients' data order or augmentations.
 _RAD_STREAM, _INIT_STREAM, _ARCH_STREAM, _RAD_ORDER_STREAM = 0x4144, 0x494E, 0x4152, 0x4F52

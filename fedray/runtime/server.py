@@ -26,7 +26,7 @@ from fedray.config import RunConfig
 from fedray.data import FederatedDataset
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.runtime.scheduler import assign_clients
-from fedray.runtime.seeding import sample_cohort
+from fedray.seeding import sample_cohort
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientTask, ClientWorker, build_algorithm
 

@@ -22,7 +22,7 @@ from fedray.config import RunConfig
 from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
 from fedray.runtime.reduction import PartialResult
-from fedray.runtime.seeding import seed_client
+from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
 
 logger = logging.getLogger(__name__)
