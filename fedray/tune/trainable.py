@@ -21,8 +21,8 @@ retry after a crash, or ``fedray tune --resume``) continues from the engine's la
 its run directory (``run_experiment(resume=True)``) and first re-reports the rounds Tune has not seen.
 
 Population-based training (``scheduler: pbt``): each Tune checkpoint also carries a copy of the engine's
-state at that round (the checkpoint file, ``metrics.parquet`` and ``client_state/``), so a trial that
-Tune restarts from *another* trial's checkpoint with a perturbed config (an exploit) continues from
+state at that round (the checkpoint file, the metrics (``metrics.parquet`` or ``metrics_parts/``) and
+``client_state/``), so a trial that Tune restarts from *another* trial's checkpoint with a perturbed config (an exploit) continues from
 that donor's round: its run directory is reset to the donor's state and the exploit is recorded in
 ``exploits.json`` (round, donor trial, new values).
 
@@ -47,6 +47,7 @@ from fedray.runtime import list_checkpoints, run_experiment
 from fedray.runtime.checkpoint import checkpoint_dir
 from fedray.runtime.experiment import SUMMARY_FILE, default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
+from fedray.tracking.metrics_file import PARTS_DIR
 from fedray.tune.results import CONFIG_ERROR, engine_metrics, trial_run_dir
 from fedray.tune.spec import SweepSpec
 
@@ -159,6 +160,8 @@ def copy_engine_state(run_dir: Path, round: int, target: Path) -> None:
         shutil.copy2(path, target / checkpoint_file.parent.name / path.name)
     if (run_dir / METRICS_FILE).is_file():
         shutil.copy2(run_dir / METRICS_FILE, target / METRICS_FILE)
+    if (run_dir / PARTS_DIR).is_dir():  # the rows of a run still going on (rows after `round` are dropped on resume)
+        shutil.copytree(run_dir / PARTS_DIR, target / PARTS_DIR)
     if (run_dir / CLIENT_STATE_DIR).is_dir():
         shutil.copytree(run_dir / CLIENT_STATE_DIR, target / CLIENT_STATE_DIR)
 
@@ -166,7 +169,7 @@ def copy_engine_state(run_dir: Path, round: int, target: Path) -> None:
 def adopt_engine_state(source: Path, run_dir: Path, round: int, donor: str, values: dict[str, Any]) -> None:
     """Reset ``run_dir`` to the engine state copied by :func:`copy_engine_state` from the trial
     ``donor`` (a PBT exploit) and record the exploit in ``exploits.json``."""
-    for stale in (checkpoint_dir(run_dir), run_dir / CLIENT_STATE_DIR):
+    for stale in (checkpoint_dir(run_dir), run_dir / CLIENT_STATE_DIR, run_dir / PARTS_DIR):
         shutil.rmtree(stale, ignore_errors=True)
     for stale in (run_dir / METRICS_FILE, run_dir / SUMMARY_FILE):
         stale.unlink(missing_ok=True)
