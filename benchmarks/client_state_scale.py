@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from w1_overhead import RoundClock, steady  # noqa: E402
 
-from fedray.config import load_config  # noqa: E402
+from fedray import load_config  # noqa: E402
 from fedray.runtime import run_experiment  # noqa: E402
 from fedray.runtime.state_store import ClientStateStore, client_state_location, open_location  # noqa: E402
 

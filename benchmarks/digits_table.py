@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark_tables import plot_mean_band, run_result
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent

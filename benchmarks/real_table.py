@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from benchmark_tables import plot_mean_band, run_result
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 

@@ -31,7 +31,7 @@ import ray
 import torch
 import torch.nn.functional as F
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, set_flat_weights
 from fedray.runtime import run_experiment

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 from fedray.algorithms import get_algorithm_class, validate_algorithm_params
 from fedray.config import ConfigError, RunConfig, apply_overrides, validate_config
-from fedray.config import load_config as load_schema
+from fedray.config import load_config_sections
 from fedray.tracking.callbacks import config_callback_classes
 
 #: Left out of a shipped package.
@@ -42,7 +42,7 @@ def validate_plugins(config: RunConfig) -> RunConfig:
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a YAML run config (or start from the defaults), apply ``--set``-style ``overrides``
     (``["data.alpha=0.1"]``) and validate all of it, the algorithm's own keys included."""
-    return validate_plugins(load_schema(path, overrides))
+    return validate_plugins(load_config_sections(path, overrides))
 
 
 def build_config(raw: dict[str, Any] | None = None, overrides: Iterable[str] = ()) -> RunConfig:

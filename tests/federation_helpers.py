@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fedray.algorithms.base import ServerState
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.runtime.reduction import merge_partials
 from fedray.runtime.state_store import NO_STATE

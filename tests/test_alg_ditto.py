@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedray.algorithms.base import classification_sums
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import get_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE

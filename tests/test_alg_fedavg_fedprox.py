@@ -6,7 +6,7 @@ import torch
 
 from fedray.algorithms import RoundResults, get_algorithm_class
 from fedray.algorithms.base import ClientUpdate, weighted_weights_sums
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, set_flat_weights
 from fedray.runtime.reduction import PartialResult, merge_partials

@@ -10,7 +10,7 @@ import torch
 
 from fedray.algorithms.fedbn import batchnorm_keys
 from fedray.algorithms.personalized import ParameterSplit
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, state_keys
 from fedray.runtime.state_store import NO_STATE

@@ -12,7 +12,8 @@ import torch
 from fedray.algorithms.divergence_byol import encoder_conv_weights, mean_divergence
 from fedray.algorithms.fedema import ema_weight
 from fedray.algorithms.ssl import ONLINE_PREFIXES, TARGET_PREFIXES
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.models import get_flat_weights, num_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE
 

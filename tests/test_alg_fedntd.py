@@ -82,7 +82,7 @@ def test_both_forms_combine_ce_and_ntd_as_documented(tmp_path, form, beta):
 
 
 def test_convex_form_needs_beta_at_most_one():
-    from fedray.config import load_config
+    from fedray import load_config
 
     with pytest.raises(ValueError, match="algorithm.beta"):
         load_config(None, ["algorithm.name=fedntd", "algorithm.form=convex", "algorithm.beta=2"])

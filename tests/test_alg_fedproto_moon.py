@@ -11,7 +11,8 @@ from fedray.algorithms.base import ClientUpdate
 from fedray.algorithms.fedproto import nearest_prototype_logits
 from fedray.algorithms.losses import model_contrastive_loss
 from fedray.algorithms.moon import MOON, PREVIOUS_MODEL
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.models import get_flat_weights, num_flat_weights
 from test_alg_fedsc import context, global_accuracy, initial_model, results_of, setup, simulate
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fedray.algorithms.fedrep import trainable_only
 from fedray.algorithms.local import local_train
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import get_flat_weights, num_flat_weights
 from fedray.runtime.state_store import NO_STATE

@@ -11,7 +11,7 @@ import torch
 
 from fedray.algorithms.divergence_byol import PREDICTOR_PREFIXES
 from fedray.algorithms.ssl import ONLINE_PREFIXES
-from fedray.config import load_config
+from fedray import load_config
 from fedray.models import get_flat_weights, set_flat_weights
 
 from test_alg_fedema import ssl_run, start_of_training

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.algorithms import get_algorithm_class
 from fedray.models import num_flat_weights

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from fedray.algorithms import RoundResults
 from fedray.algorithms.scaffold import effective_local_steps
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.models import get_flat_weights, set_flat_weights
 from fedray.models.weights import parameter_mask, parameter_views
 

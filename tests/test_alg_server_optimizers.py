@@ -10,7 +10,7 @@ import torch
 
 from fedray.algorithms import RoundResults, get_algorithm_class
 from fedray.algorithms.base import weighted_mean
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models.weights import parameter_mask
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 import fedray
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "cluster"

@@ -32,7 +32,7 @@ from test_dashboard_data import (
     write_sweep_from_runs,
 )
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.dashboard import DashboardServer
 from fedray.dashboard.data import DashboardData, select_best_trial
 from fedray.tracking import write_table_atomically

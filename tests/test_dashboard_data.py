@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedray.cli.main import main as fedray_main
-from fedray.config import load_config, save_config
+from fedray.config import save_config
+from fedray import load_config
 from fedray.dashboard import DashboardServer
 from fedray.dashboard.data import (
     DashboardData,

@@ -13,7 +13,7 @@ import torch
 
 from fedray.algorithms import get_algorithm_class
 from fedray.algorithms.ssl import ONLINE_PREFIXES, TARGET_PREFIXES
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import num_flat_weights
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment

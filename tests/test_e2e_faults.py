@@ -21,7 +21,8 @@ import ray
 import torch
 
 from fedray.cli.main import main
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.runtime import CheckpointError, RunError, list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.runtime.checkpoint import save_checkpoint
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics

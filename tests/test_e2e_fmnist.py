@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.data.datasets import SYSTEM_DATA_DIRS
 from fedray.runtime import run_experiment
 from fedray.tracking import read_metrics

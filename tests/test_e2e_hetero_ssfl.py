@@ -9,7 +9,7 @@ import pytest
 import torch
 from e2e_helpers import CrashAfterRound, comparable_rows
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.runtime.state_store import decode_state
 from fedray.tracking import read_metrics

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, prepare_data, resume_experiment, run_experiment
 from fedray.runtime.worker import ClientWorker
 from fedray.tracking import read_metrics

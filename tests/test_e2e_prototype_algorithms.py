@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 

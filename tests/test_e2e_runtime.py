@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 
 from e2e_helpers import CrashAfterRound, final_weights, round_rows, comparable_rows

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fedray.cli.main import main
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints
 from fedray.tracking import read_metrics
 from fedray.tune import load_sweep

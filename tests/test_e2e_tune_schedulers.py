@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fedray.cli.main import main
-from fedray.config import load_config
+from fedray import load_config
 from fedray.tracking import read_metrics
 
 from test_e2e_tune import TINY_BASE, rows_by_trial, wait_for

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.runtime import CheckpointError, load_checkpoint
 from fedray.runtime import experiment
 from fedray.runtime.checkpoint import save_checkpoint

@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from fedray.config import load_config
+from fedray import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.runtime.state_store import (
     NO_STATE,

@@ -12,7 +12,8 @@ from ray.job_submission import JobDetails, JobStatus
 
 from fedray.cli.main import main
 from fedray.cluster import jobs
-from fedray.config import ConfigError, load_config
+from fedray.config import ConfigError
+from fedray import load_config
 from fedray.runtime.checkpoint import save_checkpoint
 from fedray.runtime.experiment import new_run_dir
 from fedray.tracking.sync import StorageSync, is_uri, staging_root

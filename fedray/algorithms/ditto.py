@@ -39,6 +39,7 @@ from pydantic import Field
 
 from fedray.algorithms.base import AlgorithmParams, Broadcast, ClientContext, ClientUpdate, ServerState, classification_sums
 from fedray.algorithms.local import local_train
+from fedray.algorithms.losses import proximal_term
 from fedray.algorithms.personalized import PersonalizedAlgorithm
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
@@ -80,7 +81,7 @@ class Ditto(PersonalizedAlgorithm):
 
         def personal_loss(x: torch.Tensor, y: torch.Tensor):
             ce = F.cross_entropy(model(x), y)
-            proximal = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))  # FedProx's term
+            proximal = proximal_term(model.parameters(), anchor)
             return ce + 0.5 * params.mu * proximal, {"ce": ce.detach(), "proximal": proximal.detach()}
 
         personal_metrics = local_train(personal_ctx, personal_loss, epochs=epochs)

@@ -3,7 +3,7 @@
 from fedray.config.loader import (
     ConfigError,
     apply_overrides,
-    load_config,
+    load_config_sections,
     read_yaml,
     save_config,
     set_key,
@@ -38,7 +38,7 @@ __all__ = [
     "apply_overrides",
     "import_reference",
     "is_reference",
-    "load_config",
+    "load_config_sections",
     "read_yaml",
     "save_config",
     "set_key",

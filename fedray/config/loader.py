@@ -191,9 +191,10 @@ def validate_config(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(format_validation_error(error, RunConfig)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read ``path`` (or start from the defaults), apply overrides, validate the schema (see
-    :func:`validate_config`; :func:`fedray.plugins.load_config` also checks the algorithm's keys)."""
+def load_config_sections(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read ``path`` (or start from the defaults), apply overrides and validate the sections of the
+    schema only: the algorithm's ``algorithm.*`` keys are neither checked nor filled in. Use
+    :func:`fedray.load_config` (:func:`fedray.plugins.load_config`) for a complete run config."""
     raw = read_yaml(path) if path is not None else {}
     return validate_config(apply_overrides(raw, overrides))
 
