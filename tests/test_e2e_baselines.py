@@ -12,6 +12,7 @@ import torch
 from fedray import load_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
+from fedray.runtime.state_store import decode_state
 
 from e2e_helpers import CrashAfterRound, final_weights
 
@@ -54,7 +55,7 @@ def test_baseline_trains_on_ray(ray_session, tmp_path, overrides, server_keys, c
     for key in server_keys:
         assert torch.isfinite(state[key]).all() and bool((state[key] != 0).any()), key
     if "control" in server_keys:  # SCAFFOLD: every trained client stored a non-zero c_i
-        stored = [torch.load(path, weights_only=True)["control"] for path in (tmp_path / "run" / "client_state").rglob("r*.pt")]
+        stored = [decode_state(path.read_bytes(), str(path))["control"] for path in (tmp_path / "run" / "client_state").rglob("r*.pt")]
         assert stored and all(bool((c != 0).any()) for c in stored)
     clients = read_metrics(tmp_path / "run", "client")
     for term in client_terms:

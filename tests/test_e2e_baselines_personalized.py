@@ -18,6 +18,7 @@ from fedray.data import build_federated_dataset
 from fedray.models import num_flat_weights
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
+from fedray.runtime.state_store import decode_state
 
 from e2e_helpers import CrashAfterRound, comparable_rows
 
@@ -59,7 +60,7 @@ def client_states(run_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
     states = {}
     for directory in sorted((run_dir / "client_state").iterdir()):
         newest = sorted(directory.glob("r*.pt"))[-1]
-        states[int(directory.name)] = torch.load(newest, weights_only=True)
+        states[int(directory.name)] = decode_state(newest.read_bytes(), str(newest))
     return states
 
 

@@ -124,18 +124,23 @@ class ServerOptimizer:
 
 class ServerOptimizedAlgorithm(Algorithm):
     """An algorithm whose server rule is the weighted mean of the client weights followed by
-    ``algorithm.server_optimizer`` (FedAvg, FedProx, FedRCL, FedLC, ...). Its ``Params`` must include
-    :class:`ServerOptimizerParams`; clients upload ``weighted_sums`` (``"weights"``, ``"num_samples"``)."""
+    ``algorithm.server_optimizer`` (FedAvg, FedProx, FedRCL, FedLC, ...); clients upload
+    ``weighted_sums`` (``"weights"``, ``"num_samples"``). The optimizer needs the
+    :class:`ServerOptimizerParams` keys in ``Params``: a subclass whose ``Params`` leave them out
+    (e.g. a user's FedAvg variant with its own server rule) gets the plain weighted mean."""
 
     Params = ServerOptimizerParams
     params: ServerOptimizerParams
 
     @cached_property
-    def server_optimizer(self) -> ServerOptimizer:
+    def server_optimizer(self) -> ServerOptimizer | None:
+        if not isinstance(self.params, ServerOptimizerParams):
+            return None
         return ServerOptimizer(self.params, self.parameter_mask)
 
     def init_server_state(self, model: FedModel) -> ServerState:
-        return {**super().init_server_state(model), **self.server_optimizer.init_state()}
+        state = super().init_server_state(model)
+        return state if self.server_optimizer is None else {**state, **self.server_optimizer.init_state()}
 
     def aggregate(self, server_state: ServerState, round: int, results: RoundResults) -> tuple[ServerState, dict[str, float]]:
         return {**server_state, **self.server_step(server_state, results)}, {}
@@ -143,4 +148,6 @@ class ServerOptimizedAlgorithm(Algorithm):
     def server_step(self, server_state: ServerState, results: RoundResults) -> dict[str, Tensor]:
         """The new ``weights`` (and moments) from the round's ``Σ w_k y_k / Σ w_k``."""
         mean = results.sums["weights"] / results.sums["num_samples"]
+        if self.server_optimizer is None:
+            return {"weights": mean.float()}
         return self.server_optimizer.step(server_state, mean)

@@ -65,25 +65,35 @@ def experiment_dir(sweep_dir: Path) -> Path:
     return sweep_dir / TUNE_DIR / sweep_dir.name
 
 
+def sweep_user_modules(spec: SweepSpec) -> list[str]:
+    """The user code the trials name (algorithm.name, output.callbacks), which every trial must import."""
+    configs = [spec.trial_config(values) for values in spec.trial_shapes()]
+    return list(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
+
+
+def check_running_ray(spec: SweepSpec) -> None:
+    """On a Ray that fedray did not start (a notebook's, a test session's), check before anything is
+    written that the trials can import the user code: fedray cannot set that Ray's job runtime_env."""
+    if ray.is_initialized():
+        check_ray_imports(sweep_user_modules(spec))
+
+
 def connect_ray(address: str | None, spec: SweepSpec, verbose: bool) -> tuple[bool, str | None]:
     """Connect to ``address``, or start a local Ray with room for at least one trial. Returns whether
     this call started the connection and the Ray dashboard's URL (None when Ray was already up).
     Quiet (not ``verbose``): the trials' output is not copied to this terminal (their errors are in
     ``trials.parquet``) and Ray logs warnings only."""
+    if ray.is_initialized():
+        return False, None
     output = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
-    configs = [spec.trial_config(values) for values in spec.trial_shapes()]
+    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
     # Tune creates the trial actors without a runtime_env of ours: they inherit the job's, so user code
     # named by the trials (algorithm.name, output.callbacks) is shipped with the job (fedray.plugins).
-    user_modules = list(dict.fromkeys(path for config in configs for path in user_module_paths(config)))
-    if ray.is_initialized():
-        check_ray_imports(user_modules)
-        return False, None
-    address = address or os.environ.get("RAY_ADDRESS")  # set for a submitted job's entrypoint
-    runtime_env = job_runtime_env(user_modules)
+    runtime_env = job_runtime_env(sweep_user_modules(spec))
     if address:
         context = ray.init(address=address, runtime_env=runtime_env, **output)
     else:
-        largest_trial = max(trial_cpus(config, spec) for config in configs)
+        largest_trial = max(trial_cpus(spec.trial_config(values), spec) for values in spec.trial_shapes())
         # address="local": never join another Ray that happens to run on this machine
         context = ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env, **output
@@ -197,6 +207,7 @@ def _connect_and_fit(sweep_dir: Path, spec: SweepSpec, address: str | None, verb
 
 def run_sweep(spec: SweepSpec, address: str | None = None, verbose: bool = False) -> SweepOutcome:
     """Run the sweep ``spec`` (already validated by :func:`fedray.tune.spec.load_sweep`)."""
+    check_running_ray(spec)
     sweep_dir = new_sweep_dir(spec)
     write_meta(sweep_dir, spec, datetime.now().astimezone().isoformat(timespec="seconds"), None, "running")
 
@@ -227,6 +238,7 @@ def resume_sweep(
     if not trust_tune_state:
         verify_tune_state(sweep_dir, experiment)
     spec = load_sweep(sweep_dir / SWEEP_FILE)
+    check_running_ray(spec)
 
     def make_tuner() -> tune.Tuner:
         return tune.Tuner.restore(str(experiment), _trainable(spec, sweep_dir), resume_unfinished=True, resume_errored=True)
