@@ -239,6 +239,7 @@ def test_space_option_and_sizes_replace_the_files_values_and_shadowed_sets_are_n
     # the CLI warns about the shadowed --set (and validates before starting anything)
     import ray
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process, whatever ran before
     monkeypatch.setattr(ray, "init", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     monkeypatch.chdir(tmp_path)
     assert main(["tune", str(sweep), "--set", "data.alpha=0.3"]) == 130
