@@ -1,5 +1,5 @@
-"""FedRCL without Ray: the relaxed contrastive loss (golden values and the properties of
-fedrcl.md §9), its multi-level use, the client step, the server average and the configs."""
+"""FedRCL without Ray: the relaxed contrastive loss (golden values of a worked example and its
+properties), its multi-level use, the client step, the server average and the configs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from fedray.models import get_flat_weights, num_flat_weights, set_flat_weights
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-RTOL = 1e-5  # fedrcl.md §9: the golden values were checked against an fp32 implementation
+RTOL = 1e-5  # golden values computed in float64 with NumPy (the official variant's by a transcription
+# of the official CLLoss) and checked against an independent fp32 implementation
 
 
 def angles(degrees: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -53,7 +54,7 @@ def random_batch(n: int, num_classes: int, dim: int = 16, seed: int = 0) -> tupl
 VARIANTS = [{"variant": "official"}, {"variant": "paper"}, {"variant": "paper", "pos_reduction": "sum"}]
 VARIANT_IDS = ["official", "paper-mean", "paper-sum"]
 
-# ----------------------------------------------------------------- the worked example (§9)
+# ----------------------------------------------------------------- the worked example
 
 EXAMPLE_Z = angles([0, 20, 40, 90, 200, 135])
 EXAMPLE_Y = torch.tensor([0, 0, 0, 1, 1, 2])
@@ -95,7 +96,7 @@ def test_worked_example_in_float64_matches_to_float64_precision() -> None:
     assert float(result) == pytest.approx(6.14734096, rel=1e-8)
 
 
-# ----------------------------------------------------------------- properties (§9)
+# ----------------------------------------------------------------- properties
 
 
 def test_beta_zero_and_inactive_threshold_give_plain_scl() -> None:
@@ -432,6 +433,6 @@ def test_example_configs_load_with_the_paper_settings() -> None:
     train = paper.train
     assert (train.local_epochs, train.batch_size, train.lr, train.momentum, train.weight_decay) == (5, 50, 0.1, 0.0, 1e-3)
     assert (train.lr_decay, train.grad_clip, train.rounds) == (0.998, 10, 1000)
-    # fedrcl.md §9.18: lr(t) = 0.1 · 0.998^t with t = round − 1 (the runtime's per-round decay)
+    # paper and code: lr(t) = 0.1 · 0.998^t with t = round − 1 (the runtime's per-round decay)
     assert train.lr * train.lr_decay ** (1000 - 1) == pytest.approx(0.01353, rel=1e-3)
     FedRCL(paper, DatasetInfo("cifar100", 100, 3, 32, (0.5,) * 3, (0.25,) * 3, "crop_flip"))  # its levels exist

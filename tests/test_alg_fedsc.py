@@ -1,5 +1,5 @@
-"""FedSC (fedsc_fedskc.md part A): server maths against hand-computed cases, the client losses'
-testable properties (§A.9), and the client step on digits without Ray.
+"""FedSC (docs/algorithms_prototypes.md): server maths against hand-computed cases, the properties
+of the client losses, and the client step on digits without Ray.
 
 The Ray-free helpers at the top (``setup``, ``context``, ``simulate``) are reused by the FedSKC and
 FedProto/MOON tests.
@@ -417,12 +417,12 @@ def test_digits_examples_validate(name):
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
 def test_paper_examples_carry_the_spec_settings(dataset):
-    fedsc = load_config(EXAMPLES / f"paper_fedsc_{dataset}.yaml")  # spec §A.5–A.6
+    fedsc = load_config(EXAMPLES / f"paper_fedsc_{dataset}.yaml")  # the FedSC paper's setting
     assert (fedsc.data.name, fedsc.data.num_clients, fedsc.train.clients_per_round, fedsc.train.rounds) == (dataset, 10, 5, 100)
     assert (fedsc.model.name, fedsc.data.partition, fedsc.data.alpha) == ("resnet10", "dirichlet_equal_size", 0.2)
     assert (fedsc.train.local_epochs, fedsc.train.batch_size, fedsc.train.lr, fedsc.train.momentum, fedsc.train.weight_decay) == (10, 64, 0.01, 0.9, 1e-5)
     assert (fedsc.algorithm.tau, fedsc.algorithm.num_neighbors) == (0.05, 2)
-    fedskc = load_config(EXAMPLES / f"paper_fedskc_{dataset}.yaml")  # spec §B.5–B.6
+    fedskc = load_config(EXAMPLES / f"paper_fedskc_{dataset}.yaml")  # the FedSKC paper's setting
     assert (fedskc.data.name, fedskc.data.num_clients, fedskc.train.clients_per_round, fedskc.train.rounds) == (dataset, 20, 8, 200)
     assert (fedskc.model.name, fedskc.data.partition, fedskc.data.alpha) == ("resnet8", "dirichlet_equal_size", 0.2)
     assert (fedskc.train.local_epochs, fedskc.train.batch_size, fedskc.train.lr, fedskc.train.momentum) == (10, 64, 0.01, 0.0)

@@ -1,5 +1,5 @@
-"""FedSKC (fedsc_fedskc.md part B): global knowledge, GDA and GPR against hand-computed cases, the
-testable properties of §B.9, and the client step on digits without Ray."""
+"""FedSKC (docs/algorithms_prototypes.md): global knowledge, GDA and GPR against hand-computed cases,
+the properties of the losses and server rules, and the client step on digits without Ray."""
 
 from __future__ import annotations
 

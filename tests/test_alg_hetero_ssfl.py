@@ -1,4 +1,4 @@
-"""Hetero-SSFL, its SSL pieces and the FedAvg+BYOL baseline, without Ray (hetero_ssfl.md §11)."""
+"""Hetero-SSFL, its SSL pieces and the FedAvg+BYOL baseline, without Ray (docs/algorithms_hetero_ssfl.md)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_architecture_assignment_rules():
     assert assign_architectures(5, 2, "round_robin", 0).tolist() == [0, 1, 0, 1, 0]
     assert assign_architectures(5, 2, "blocks", 0).tolist() == [0, 0, 0, 1, 1]
     random = assign_architectures(6, 3, "random", seed=4)
-    assert sorted(set(random.tolist())) == [0, 1, 2]  # at least one of each (spec §10.8)
+    assert sorted(set(random.tolist())) == [0, 1, 2]  # at least one of each architecture
     assert np.array_equal(random, assign_architectures(6, 3, "random", seed=4))
     keys = architecture_keys([ModelConfig(width=8), ModelConfig(width=8), ModelConfig(name="resnet8"), ModelConfig(projection_dim=4)])
     assert keys == ["cnn_small_w8_0", "cnn_small_w8_1", "resnet8", "cnn_small_w16_p4"]
@@ -384,7 +384,7 @@ def test_fedavg_byol_averages_the_whole_siamese_model(ssl):
 
 def test_p22_the_papers_partitions_are_fedray_shards_and_iid():
     """Non-IID: N clients with all images of K/N disjoint classes each (``partition: shards``); IID
-    sizes differ by at most 1; 100 clients on 100 classes get one class each (spec §7.2)."""
+    sizes differ by at most 1; 100 clients on 100 classes get one class each (the paper's K/N rule)."""
     from fedray.config import DataConfig
     from fedray.data import partition_labels
 

@@ -166,7 +166,9 @@ def test_quantity_sizes_vary_and_labels_stay_iid(digit_labels: np.ndarray) -> No
     assert len(np.unique(digit_labels[big])) == 10
 
 
-# dirichlet_equal_size: the four tests of spec fedsc_fedskc.md C.1.
+# dirichlet_equal_size (the FedSC/FedSKC code's CReFF-style split), its four properties: 1. disjoint
+# clients, 2. their union is the (long-tailed) training set, 3. sizes differ by at most 1, 4. the
+# long-tail class counts follow the formula.
 
 
 def long_tail_counts(num_samples: int, num_classes: int, rho: float) -> np.ndarray:

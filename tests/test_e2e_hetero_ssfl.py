@@ -86,7 +86,7 @@ def test_every_client_is_probed_and_no_model_reaches_the_server(baseline):
     assert set(state) == {"representations", "num_samples", "consensus"}
     assert {tuple(a.shape) for a in state["representations"].values()} == {(64, 16)}
     assert state["consensus"].shape == (64, 64)
-    # P20: a client's newest stored model is from the last round it was selected in.
+    # a client's newest stored model is from the last round it was selected in.
     last_round = {}
     for row in read_metrics(run_dir, "client"):
         last_round[row["client_id"]] = max(last_round.get(row["client_id"], 0), row["round"])

@@ -1,7 +1,7 @@
 """End-to-end personalised FL on the session's real local Ray: FedCoSR's per-client state survives a
 killed worker and a resumed run, the server never sees a personal head, the reported personalised
-metrics are the spec's (§8.5), and FedCoSR beats FedAvg's global model on every client's own split
-under label skew."""
+metrics are the paper's Acc. and Std. as PFLlib computes them, and FedCoSR beats FedAvg's global
+model on every client's own split under label skew."""
 
 from __future__ import annotations
 

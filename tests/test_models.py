@@ -84,7 +84,7 @@ def test_shapes_taps_and_forward(
 
 @pytest.mark.parametrize("name", ["resnet8", "resnet18"])
 def test_resnet_taps_are_pre_activation_stage_outputs(name: str) -> None:
-    """fedrcl.md §2.1: taps come before each stage's final ReLU; features = GAP(ReLU(last tap))."""
+    """As in FedRCL's code: taps come before each stage's final ReLU; features = GAP(ReLU(last tap))."""
     model = _build(name, CIFAR10, norm="group")
     features, taps = model.encode_with_taps(_batch(CIFAR10))
     assert model.tap_names[0] == "stem"

@@ -1,6 +1,6 @@
 """Ray-free tests of the personalised-FL machinery (split models, personal parts in client state,
-personalised evaluation), of FedPer and Local, and of FedCoSR's reductions to them (FedCoSR spec
-§11.14–16), run through the real worker code in-process."""
+personalised evaluation), of FedPer and Local, and of FedCoSR's first round and its reductions to
+them, run through the real worker code in-process."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ class InProcessRun:
         return per_client
 
     def personal_metrics(self, round: int) -> dict[str, float]:
-        """FedCoSR spec §8.5 / §11.19: Acc = Σ correct / Σ n_test, Std = np.std(per-client acc, ddof=0)."""
+        """The FedCoSR paper's metrics as PFLlib computes them: Acc = Σ correct / Σ n_test,
+        Std = np.std(per-client acc, ddof=0)."""
         sums = self.client_sums(round)
         accuracies = [s["correct"] / s["count"] for s in sums.values()]
         return {
@@ -254,11 +255,11 @@ def test_local_never_communicates_and_every_client_trains_its_own_model(tmp_path
     assert len({tuple(m[:50].tolist()) for m in models}) == run.num_clients  # one model per client
 
 
-# --------------------------------------------------------------------- FedCoSR reductions (spec §11.14–16)
+# --------------------------------------------------------------------- FedCoSR's first round and reductions
 
 
 def test_fedcosr_first_participation_starts_from_theta0_without_mixing(tmp_path):
-    """§11.14: every client starts round 1 from the same θ_0 (π_0 included), trains on CE only
+    """Every client starts round 1 from the same θ_0 (π_0 included), trains on CE only
     (no global centroids yet), does no mixing, and records no contrastive loss."""
     run = InProcessRun(TINY + ["algorithm.name=fedcosr"], tmp_path)
     algorithm = run.algorithm
@@ -277,7 +278,7 @@ def test_fedcosr_first_participation_starts_from_theta0_without_mixing(tmp_path)
 
 
 def test_fedcosr_reduces_to_fedper(tmp_path):
-    """§11.15: α = 0 and λ ≡ 0 give FedPer's trajectory, bit for bit."""
+    """α = 0 and λ ≡ 0 give FedPer's trajectory, bit for bit."""
     fedper = simulate(tmp_path, "fedper", rounds=3)
     fedcosr = simulate(tmp_path, "fedcosr", rounds=3, extra=["algorithm.contrast_weight=0", "algorithm.fixed_lambda=0"])
     assert torch.equal(fedcosr.state["weights"], fedper.state["weights"])
@@ -288,7 +289,7 @@ def test_fedcosr_reduces_to_fedper(tmp_path):
 
 
 def test_fedcosr_reduces_to_local(tmp_path):
-    """§11.16: α = 0 and λ ≡ 1 (full participation, so round 1 starts everyone from θ_0) give
+    """α = 0 and λ ≡ 1 (full participation, so round 1 starts everyone from θ_0) give
     Local's per-client models, bit for bit: after round 1 no client depends on any other."""
     local = simulate(tmp_path, "local", rounds=3)
     fedcosr = simulate(tmp_path, "fedcosr", rounds=3, extra=["algorithm.contrast_weight=0", "algorithm.fixed_lambda=1"])

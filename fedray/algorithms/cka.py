@@ -1,19 +1,19 @@
-"""Centred kernel alignment (CKA) and Hetero-SSFL's consensus kernel (hetero_ssfl.md §3.3, §4.2-4.3).
+"""Centred kernel alignment (CKA) and Hetero-SSFL's consensus kernel (docs/algorithms_hetero_ssfl.md).
 
 Linear CKA of two representations ``X [n, d1]`` and ``Y [n, d2]`` of the same n inputs (paper Eq. 1,
-with the centring of Kornblith et al. 2019 that Eq. 1 omits, spec §3.3)::
+with the centring of Kornblith et al. 2019 that Eq. 1 omits)::
 
     CKA(K, K') = <H K H, H K' H>_F / (‖H K H‖_F ‖H K' H‖_F),   K = X Xᵀ, K' = Y Yᵀ, H = I - 11ᵀ/n
 
 It compares Gram matrices, so the widths may differ; it is invariant to orthogonal maps, isotropic
-scaling and translation of the features, but **not** to general invertible linear maps (the paper's
-claim, spec §10.13). The ``debiased`` estimator replaces the biased HSIC by the unbiased one of Song et
-al. (2012), as Nguyen et al. (2021) do for CKA (spec §10.15: the biased mini-batch CKA of unrelated
-wide representations is close to 1).
+scaling and translation of the features, but **not** to general invertible linear maps (the paper
+claims it is). The ``debiased`` estimator replaces the biased HSIC by the unbiased one of Song et
+al. (2012), as Nguyen et al. (2021) do for CKA: the biased mini-batch CKA of unrelated wide
+representations is close to 1 (docs/algorithms_hetero_ssfl.md, 'Ambiguities': small-batch CKA bias).
 
-The consensus kernel ``K̄ = Σ_j w_j A_j A_jᵀ`` (spec §4.2) is kept either as the ``L × L`` kernel or as
-the factor ``Ā = [√w_1 A_1 | … | √w_N A_N]`` with ``Ā Āᵀ = K̄`` (spec §4.3); :func:`consensus_block`
-reads the block ``K̄[I, I]`` from either. Everything here computes in float32 (spec §3.3 step 4).
+The consensus kernel ``K̄ = Σ_j w_j A_j A_jᵀ`` (paper Alg. 1) is kept either as the ``L × L`` kernel
+or as the factor ``Ā = [√w_1 A_1 | … | √w_N A_N]`` with ``Ā Āᵀ = K̄``; :func:`consensus_block` reads
+the block ``K̄[I, I]`` from either. Everything here computes in float32.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Estimator = Literal["biased", "debiased"]
 Distance = Literal["one_minus_cka", "neg_cka", "cka_literal"]
 ConsensusForm = Literal["kernel", "factor"]
 
-EPS = 1e-8  # spec §3.3 step 5: a collapsed representation gives CKA ≈ 0, not NaN
+EPS = 1e-8  # in the denominator: a collapsed representation gives CKA ≈ 0, not NaN
 
 
 def gram(x: Tensor) -> Tensor:
@@ -58,7 +58,7 @@ def cka(k: Tensor, l: Tensor, estimator: Estimator = "biased") -> Tensor:
     ``biased`` (default): centred kernel alignment, in [0, 1] for PSD kernels. ``debiased``: the
     unbiased-HSIC estimator; 1 for identical kernels, about 0 for unrelated ones, may leave [0, 1]
     slightly. Both centre the kernels they are given, so pass a block ``K̄[I, I]`` uncentred
-    (spec §3.3 step 3: each block is centred with its own ``H_b``).
+    (each block is centred with its own ``H_b``; centring the whole K̄ and slicing differs).
     """
     # Centring first is what the biased estimator needs; the unbiased HSIC does not change under it
     # (it is invariant to translating the features) but loses far less to float32 cancellation.
@@ -86,8 +86,9 @@ def feature_cka(x: Tensor, y: Tensor) -> Tensor:
 
 
 def alignment_distance(similarity: Tensor, distance: Distance = "one_minus_cka") -> Tensor:
-    """The alignment term's distance (spec §3.3 "sign fix"): ``1 - CKA`` (default), ``-CKA`` (same
-    gradient), or ``+CKA``, the paper's literal Eq. 2, which pushes clients apart (ablation only)."""
+    """The alignment term's distance: ``1 - CKA`` (default), ``-CKA`` (same gradient), or ``+CKA``,
+    the paper's literal Eq. 2, which pushes clients apart (ablation only; docs/algorithms_hetero_ssfl.md,
+    'Ambiguities': sign)."""
     if distance == "one_minus_cka":
         return 1 - similarity
     if distance == "neg_cka":

@@ -1,4 +1,4 @@
-"""FedAvg over a Siamese SSL model ("FedBYOL" / "FedSimSiam", the baselines of hetero_ssfl.md §7.5):
+"""FedAvg over a Siamese SSL model ("FedBYOL" / "FedSimSiam", baselines of the Hetero-SSFL paper):
 the homogeneous-client baseline of Hetero-SSFL.
 
 Every client trains the same architecture (the ``model`` section) with the local SSL loss of
@@ -8,9 +8,9 @@ the whole Siamese model is global and clients keep no state. ``algorithm.ssl=sim
 FedSimSiam. The SSL keys (``ssl``, ``byol_loss``, ``ema_decay`` = BYOL τ, ``projection_dim``,
 ``hidden_dim``) and the probe keys are those of :class:`~fedray.algorithms.ssl.SSLParams`.
 
-Evaluation: the linear probe of spec §7.6 on the global encoder (``probe_accuracy``, also reported
-as ``test_accuracy``). Every client holds the global model, so client 0's evaluation context probes it
-once per evaluation.
+Evaluation: the linear probe of :mod:`fedray.algorithms.ssl` on the global encoder
+(``probe_accuracy``, also reported as ``test_accuracy``). Every client holds the global model, so
+client 0's evaluation context probes it once per evaluation.
 """
 
 from __future__ import annotations

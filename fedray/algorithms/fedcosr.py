@@ -1,13 +1,13 @@
 """FedCoSR (Huang et al., "FedCoSR: Personalized Federated Learning with Contrastive Shareable
-Representations for Label Heterogeneity in Non-IID Data", arXiv:2404.17916); spec
-docs/algorithms_personalized.md.
+Representations for Label Heterogeneity in Non-IID Data", arXiv:2404.17916); maths and
+choices: docs/algorithms_personalized.md.
 
 Each client's model θ^i = [φ^i; π^i] is split (``algorithm.personal_prefixes``, default
 ``["classifier."]``) into shared representation layers φ and a personal head π. Per round:
 
 * **Server** (Eq. 5, 6). φ^G = Σ_i n^i φ^i / Σ_i n^i over the round's clients; per class c,
   ω̄^G_c = Σ_i n^i_c ω̄^i_c / Σ_i n^i_c over the clients holding c. A class no participant holds
-  keeps its previous centroid; a class never seen has none (``centroid_mask`` false) [spec A6].
+  keeps its previous centroid; a class never seen has none (``centroid_mask`` false).
 * **Local aggregation** (Eq. 7–9). λ = clamp(exp(−γ·L_Reg), 0, 1), L_Reg the client's mean
   InfoNCE of its previous local training (unweighted, detached); φ̂ = λ φ^i + (1 − λ) φ^G on every
   φ tensor, π untouched. λ = 1 keeps the local φ (the opposite of FedALA's convention).
@@ -24,13 +24,13 @@ Paper symbol → config key (docs/architecture.md, hyperparameter names): τ_CL 
 η, b, R, T → ``train.lr``, ``train.batch_size``, ``train.local_epochs``, ``train.rounds``; k is the
 model's ``feature_dim``. The paper's aggregation weight "τ_{t+1}" is called λ here.
 
-Choices where the paper is silent [spec INF]:
+Choices where the paper is silent (each explained in docs/algorithms_personalized.md, 'Ambiguities'):
 
-* **First participation** (the paper's init round, §5): the client takes the global φ and θ_0's
+* **First participation** (the paper's initialisation round): the client takes the global φ and θ_0's
   head π_0 without mixing. In round 1 there are no global centroids, so it trains on CE only and
   records no L_Reg. Under partial participation a client joining later starts from the *current*
   φ^G (not φ_0) and trains with the contrastive term as configured.
-* **No L_Reg yet** (the round after the first participation, spec A2): by default ("probe") L_Reg
+* **No L_Reg yet** (the round after the first participation; 'first λ'): by default ("probe") L_Reg
   is the InfoNCE of the unmixed local φ against the received centroids over the client's whole
   training split, without gradient; ``first_round_lambda`` replaces this by a fixed λ (0: take φ^G).
 * **Recorded L_Reg**: the mean of the per-batch InfoNCE means over the local epochs. A sample
@@ -39,12 +39,13 @@ Choices where the paper is silent [spec INF]:
   (detached) even when α = 0 (the "w/o CRL" ablation).
 * **Invalid L** (negative or non-finite, e.g. after divergence): ``invalid_loss="clamp"`` clamps L
   to [0, ∞] (NaN → ∞, i.e. λ = 0: take the global φ); ``"raise"`` raises.
-* **Ablations** (spec A12): w/o LA = ``fixed_lambda: 0``; w/o Sep = ``personal_prefixes: []``;
-  w/o CRL = ``contrast_weight: 0``. ``fixed_lambda: 1`` with α = 0 is Local after the first round.
+* **Ablations** (the paper only names them): w/o LA = ``fixed_lambda: 0``; w/o Sep =
+  ``personal_prefixes: []``; w/o CRL = ``contrast_weight: 0``. ``fixed_lambda: 1`` with α = 0 is
+  Local after the first round.
 
-Evaluation (spec §8.5): each client's model after local aggregation, before training, on its own
-held-out split (``data.client_test_fraction``, ``eval.personalized``); see
-:mod:`fedray.algorithms.personalized`.
+Evaluation (PFLlib's protocol; the paper does not define it): each client's model after local
+aggregation, before training, on its own held-out split (``data.client_test_fraction``,
+``eval.personalized``); see :mod:`fedray.algorithms.personalized`.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def mix_shared(local: Tensor, global_: Tensor, lam: float) -> Tensor:
 def centroid_infonce(features: Tensor, labels: Tensor, centroids: Tensor, mask: Tensor, tau: float) -> Tensor:
     """Eq. 12–13: per-sample InfoNCE ``cross_entropy(cos(ω_j, ω̄^G_c) / τ over the classes c with a
     global centroid, y_j)`` — the own class's centroid is the positive, every other class's a
-    negative. Classes without a centroid (``mask`` false) are left out (spec A6: −∞ logits); so are
+    negative. Classes without a centroid (``mask`` false) are left out (−∞ logits); so are
     samples whose own class has none. Returns the losses of the kept samples ``[b']``. The centroids
     are constants: no gradient reaches them."""
     classes = torch.nonzero(mask).flatten()
@@ -133,7 +134,8 @@ def probe_reg_loss(
     batch_size: int = 512,
 ) -> float:
     """InfoNCE of ``encode`` against the centroids over a whole split (no augmentation, no
-    gradient): the first-round stand-in for L_Reg (spec A2). 0 when no sample's class has a centroid."""
+    gradient): the first-round stand-in for L_Reg ('first λ' in
+    docs/algorithms_personalized.md, 'Ambiguities'). 0 when no sample's class has a centroid."""
     total, count = 0.0, 0
     for start in range(0, int(labels.shape[0]), batch_size):
         features = encode(normalize(x_uint8[start : start + batch_size]))
@@ -219,7 +221,7 @@ class FedCoSR(PersonalizedAlgorithm):
         metrics = self.load_client_model(ctx, broadcast)
         centroids = broadcast["centroids"].to(ctx.device)
         mask = broadcast["centroid_mask"].to(ctx.device)
-        contrastive = bool(mask.any())  # false in round 1: CE only (spec §5)
+        contrastive = bool(mask.any())  # false in round 1: CE only (the paper's initialisation round)
         reg_losses: list[Tensor] = []  # per batch with a sample whose class has a centroid
 
         def loss_fn(x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

@@ -16,8 +16,8 @@ weights, which are averaged with FedAvg.
 
 **Deviation from the FedProto paper:** FedProto proper exchanges only prototypes (no weight
 averaging, heterogeneous local models, personalised evaluation). The FedSC and FedSKC papers
-evaluate one global model for every baseline (fedsc_fedskc.md §A.6/§B.6: "global model on the full
-test set"), so this baseline averages the weights as well; the prototype-only variant is not
+evaluate one global model on the full test set for every baseline, so this baseline averages the
+weights as well; the prototype-only variant is not
 implemented.
 
 **Inference** (``algorithm.inference``): ``classifier`` (default, the global model's classifier) or

@@ -1,12 +1,12 @@
 """FedRCL (Seo, Kim, Kim, Han, CVPR 2024): relaxed contrastive learning at every level of the backbone.
 
 Maths and choices: docs/algorithms_fedrcl.md. The server is FedAvg and clients upload only their weights; what
-changes is the local objective (paper Alg. 1, spec §2.7)::
+changes is the local objective (paper Alg. 1; the two parts' separate weights are the official code's)::
 
     L = CE(logits, y) + w_scl · (1/L) Σ_l L_scl^l + β · (1/L) Σ_l L_pen^l
 
-over the levels ``l`` of the model's :meth:`~fedray.models.FedModel.forward_with_taps` (spec §2.6:
-equal weights; ResNet-18's five pre-ReLU taps conv1, conv2_x … conv5_x; ``cnn_small``'s ``conv1``,
+over the levels ``l`` of the model's :meth:`~fedray.models.FedModel.forward_with_taps` (paper and
+code: equal weights; ResNet-18's five pre-ReLU taps conv1, conv2_x … conv5_x; ``cnn_small``'s ``conv1``,
 ``conv2``, ``fc``). Each level is global-average-pooled and L2-normalised; similarities and
 log-sum-exps are computed in float32 even under autocast (``exp(1/τ) = e^20`` overflows fp16).
 
@@ -23,17 +23,19 @@ levels      ``algorithm.levels``        tap names used as levels (all taps; ``[s
                                         last-layer-only ablation on ResNet-18)
 ==========  ==========================  =========================================================
 
-Two forms of the relaxed loss, switched by ``algorithm.variant`` (spec §8.1):
+Two forms of the relaxed loss, switched by ``algorithm.variant`` (why: docs/algorithms_fedrcl.md,
+'Ambiguities', loss form):
 
-- ``official`` (default; spec §2.5, the official code's ``CLLoss``, which produced the paper's numbers):
+- ``official`` (default; the official code's ``CLLoss``, which produced the paper's numbers):
   hard-mined. Per anchor i, the positive is the least similar same-class sample (i itself
   included, so a singleton's positive is s_ii = 1) against the ``k_neg`` = 2 most similar samples of
   other classes: ``ℓ_scl = −log softmax`` at the positive. The penalty treats i itself as the
   positive and the least similar *other* same-class sample q as the negative, only if s_iq ≥ λ:
   ``ℓ_pen = log(e^{s_ii/τ} + e^{s_iq/τ}) − s_ii/τ``. Both are averaged over all n anchors.
   ``k_pos`` > 1 (official variant only) takes that many least-similar samples, as the code does.
-- ``paper``: Eq. (5) with the spec's normalisation (§8.2): the supervised contrastive loss of Eq. (2)/(3)
-  (mean over Pos(i), denominator over all k ≠ i) plus, once per anchor,
+- ``paper``: Eq. (5), normalised as docs/algorithms_fedrcl.md, 'Ambiguities' explains: the
+  supervised contrastive loss of Eq. (2)/(3) (mean over Pos(i), denominator over all k ≠ i) plus,
+  once per anchor,
   ``β · log(1 + Σ_{k∈P_λ(i)} e^{(s_ik − 1)/τ})`` with P_λ(i) = {k ≠ i, y_k = y_i, s_ik > λ}: Eq. (5)'s
   ``log(Σ_{P_λ} e^{s/τ} + e^{1/τ})`` minus the constant 1/τ, so it is ≥ 0 and 0 when no pair is over λ.
   Averaged over anchors that have a positive (0 if none). ``pos_reduction: sum`` is the literal
@@ -43,12 +45,12 @@ Deviations from the official code, all of which only shift the loss by a constan
 e^{−1/τ} for every non-selected slot (a similarity of −1, ≈4e-18 per anchor at τ = 0.05), which is
 dropped here; the code's ``s ≥ λ`` is kept for ``official``, the paper's ``s > λ`` for ``paper``.
 
-Local optimisation (spec §2.8), from existing keys: per-round decay ``train.lr_decay`` (0.998: the
+Local optimisation (paper and code), from existing keys: per-round decay ``train.lr_decay`` (0.998: the
 round-t learning rate is ``train.lr · 0.998^(t−1)``), ``train.grad_clip`` (10) and
 ``train.weight_decay`` (1e-3). ``algorithm.epoch_lr_decay`` (0.998, the code's per-epoch LambdaLR)
 multiplies the rate by ``0.998^e`` in local epoch e; it is done by restarting the optimiser at every
 epoch, which is exact for the momentum-free SGD FedRCL uses, so it is refused with momentum or Adam
-(set it to 1 there). ``algorithm.weighted`` (False, spec §8.10) picks the sample-weighted mean instead
+(set it to 1 there). ``algorithm.weighted`` (False) picks the sample-weighted mean instead
 of the paper's unweighted mean of client models. Mixed precision is not part of the runtime.
 
 Server optimizers (FedRCL's Table 5 / B combine client methods with FedAvgM and FedADAM):
@@ -139,7 +141,7 @@ class RCLTerms:
 def official_rcl_terms(
     similarities: Tensor, labels: Tensor, tau: float, lam: float, k_pos: int = 1, k_neg: int = 2
 ) -> RCLTerms:
-    """The official code's hard-mined loss (spec §2.5) from fp32 cosine similarities ``[n, n]``."""
+    """The official code's hard-mined loss (``CLLoss``) from fp32 cosine similarities ``[n, n]``."""
     n = labels.shape[0]
     same = labels[:, None] == labels[None, :]
     others = same & ~torch.eye(n, dtype=torch.bool, device=labels.device)
@@ -168,7 +170,7 @@ def official_rcl_terms(
 def paper_rcl_terms(
     similarities: Tensor, labels: Tensor, tau: float, lam: float, pos_reduction: Literal["mean", "sum"] = "mean"
 ) -> RCLTerms:
-    """Eq. (5) with the spec's normalisation (§2.4, §8.2) from fp32 cosine similarities ``[n, n]``."""
+    """Eq. (5), normalised as the module docstring says, from fp32 cosine similarities ``[n, n]``."""
     n = labels.shape[0]
     others = (labels[:, None] == labels[None, :]) & ~torch.eye(n, dtype=torch.bool, device=labels.device)
     scl, has_positive = supervised_contrastive_per_anchor(similarities, labels, tau, pos_reduction)
@@ -195,8 +197,8 @@ def relaxed_contrastive_terms(features: Tensor, labels: Tensor, params: FedRCLPa
 
 
 def pool_level(tap: Tensor) -> Tensor:
-    """A level's contrastive feature (spec §2.1): the global average pool of a ``[n, C, H, W]`` map
-    (in at least float32), or a ``[n, D]`` tap as it is."""
+    """A level's contrastive feature (as in the official code): the global average pool of a
+    ``[n, C, H, W]`` map (in at least float32), or a ``[n, D]`` tap as it is."""
     if tap.dim() == 4:
         return tap.to(torch.promote_types(tap.dtype, torch.float32)).mean(dim=(2, 3))
     if tap.dim() == 2:
@@ -205,7 +207,7 @@ def pool_level(tap: Tensor) -> Tensor:
 
 
 def multi_level_rcl_terms(taps: Sequence[Tensor], labels: Tensor, params: FedRCLParams) -> RCLTerms:
-    """Spec §2.6: the equal-weight mean of :func:`relaxed_contrastive_terms` over the levels."""
+    """The equal-weight mean (paper and code) of :func:`relaxed_contrastive_terms` over the levels."""
     per_level = [relaxed_contrastive_terms(pool_level(tap), labels, params) for tap in taps]
     return RCLTerms(
         scl=torch.stack([terms.scl for terms in per_level]).mean(),

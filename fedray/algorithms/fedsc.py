@@ -1,20 +1,20 @@
 """FedSC: Federated Learning with Semantic-Aware Collaboration (Wang et al., KDD 2025).
 
-Implemented from the paper as recorded in docs/algorithms_prototypes.md (FedSC) (the official code is
-broken in several places, see the spec's warning; its behaviour is reachable through the switches
-below where the spec asks for it).
+Implemented from the paper as described in docs/algorithms_prototypes.md (FedSC). The official code
+does not run the paper's method (docs/algorithms_prototypes.md, 'Ambiguities', FedSC: official
+code); the parts of its behaviour worth comparing are reachable through the switches below.
 
 **Client** (round r, :meth:`FedSC.client_update`), with z = f(x) the backbone feature
 (``model.encode``) and the server's relational prototypes ℛ and consistent prototypes 𝒪 of round r−1::
 
-    L = CE + lam_rpcl · RPCL + lam_cpdr · CPDR                          (Alg. 1 line 28, §A.2.5)
+    L = CE + lam_rpcl · RPCL + lam_cpdr · CPDR                          (Alg. 1 line 28)
     RPCL(i) = −log Σ_{r∈ℛ^{y_i}} e^{s(z_i,r)/τ} / Σ_{r∈ℛ} e^{s(z_i,r)/τ},  s = cos(z, r) / 𝒰(r)   (Eq. 13–14)
     CPDR    = dist(z_i, o^{y_i})                                         (Eq. 15)
 
 then the client prototypes c_k^j = mean of f(x) over its class-j samples (Eq. 3–4), computed with
 the final local model, and the label discrepancy d_k (Eq. 10, computed on the client: it equals the
-server computing it from uploaded counts and leaks less, §A.2.8). In round 1 (no prototypes) the
-loss is CE only (A-12).
+server computing it from uploaded counts and leaks less). In round 1 (no prototypes) the loss is
+CE only, as in the official code.
 
 **Server** (:meth:`FedSC.aggregate`, in the server actor, this round's participants only):
 
@@ -32,17 +32,18 @@ the neighbour search needs them one by one. Model weights go through the workers
 α (Dirichlet) → ``data.alpha``; the implicit loss weights → ``algorithm.lam_rpcl`` /
 ``algorithm.lam_cpdr`` (1, 1). Eq. 11's a, b are fixed normalisers, not β/α. FedSC uses no β, μ.
 
-**Variants** (spec §A.8; recommended default first):
+**Variants** (default first; paper / code / reasons per switch in docs/algorithms_prototypes.md,
+'Ambiguities', FedSC):
 
-- ``cpdr_metric``: ``mse`` (1/(B·d)) Σ‖z − o‖² (the authors' intent) | ``l2`` | ``l1`` (A-2);
+- ``cpdr_metric``: ``mse`` (1/(B·d)) Σ‖z − o‖² (the authors' intent) | ``l2`` | ``l1``;
 - ``rpcl_variant``: ``multi_positive`` (paper) | ``single_mean_positive`` (the code's form: one
-  positive, the mean of the class's prototypes, plain cosine; ``u_mode`` does not apply) (A-3);
+  positive, the mean of the class's prototypes, plain cosine; ``u_mode`` does not apply);
 - ``u_mode`` (𝒰 of Eq. 13): ``batch`` (per batch, detached) | ``dataset`` (the client's whole split
-  in eval mode, once per local epoch) | ``none`` (𝒰 = 1) (A-4);
+  in eval mode, once per local epoch) | ``none`` (𝒰 = 1);
 - ``proto_source``: ``eval_pass`` (a separate eval-mode, no-augmentation pass after training) |
-  ``last_epoch`` (training-mode, augmented features of the last local epoch, as the code) (A-7).
+  ``last_epoch`` (training-mode, augmented features of the last local epoch, as the code).
 
-With ``lam_rpcl = lam_cpdr = 0`` the run is exactly FedAvg (testable property A.9.1).
+With ``lam_rpcl = lam_cpdr = 0`` the run is exactly FedAvg (a test checks this).
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ class FedSCParams(AlgorithmParams):
     num_neighbors: int = Field(2, ge=0, description="M: neighbour clients merged into a relational prototype (Eq. 8–9)")
     lam_rpcl: float = Field(1.0, ge=0, description="weight of RPCL (paper: 1)")
     lam_cpdr: float = Field(1.0, ge=0, description="weight of CPDR (paper: 1)")
-    cpdr_metric: Literal["mse", "l2", "l1"] = Field("mse", description="Eq. 15 distance (ambiguity A-2)")
-    rpcl_variant: Literal["multi_positive", "single_mean_positive"] = Field("multi_positive", description="A-3")
-    u_mode: DistanceScaleMode = Field("batch", description="𝒰 of Eq. 13 (ambiguity A-4)")
-    proto_source: ProtoSource = Field("eval_pass", description="how client prototypes are computed (A-7)")
+    cpdr_metric: Literal["mse", "l2", "l1"] = Field("mse", description="Eq. 15 distance")
+    rpcl_variant: Literal["multi_positive", "single_mean_positive"] = Field("multi_positive", description="RPCL form")
+    u_mode: DistanceScaleMode = Field("batch", description="𝒰 of Eq. 13")
+    proto_source: ProtoSource = Field("eval_pass", description="source of client prototypes")
 
 
 # ----------------------------------------------------------------------------- server maths
@@ -119,7 +120,8 @@ def angles_to_global(prototypes: Tensor) -> Tensor:
 def relational_prototypes(prototypes: Tensor, num_neighbors: int) -> Tensor:
     """One class's relational prototypes r_k (Eq. 5, 7–9) from the client prototypes c_k ``[S, d]``
     of the clients that have the class, in ascending client id: neighbours are the clients whose
-    angle to the plain global prototype is closest (the paper's "angle-wise" rule, A-5)."""
+    angle to the plain global prototype is closest (the paper's "angle-wise" rule, not the official
+    code's pairwise L2)."""
     phi = angles_to_global(prototypes)
     return merge_with_neighbours(prototypes, (phi.unsqueeze(1) - phi.unsqueeze(0)).abs(), num_neighbors)[0]
 
@@ -141,7 +143,8 @@ def discrepancy_weights(num_samples: Tensor, discrepancies: Tensor) -> Tensor:
 
 
 def consistent_prototype(relational: Tensor, weights: Tensor) -> Tensor:
-    """o^j = Σ e_k r_k^j / Σ e_k over the clients that have class j (Eq. 12, renormalised, A-6)."""
+    """o^j = Σ e_k r_k^j / Σ e_k over the clients that have class j (Eq. 12, renormalised over them:
+    the paper assumes every client has every class)."""
     weights = weights.to(relational.dtype)
     return (weights.unsqueeze(1) * relational).sum(dim=0) / weights.sum()
 
@@ -176,7 +179,8 @@ def embed_client_data(model: FedModel, embed: Callable[[Tensor], Tensor], ctx: C
 
 def eval_pass_class_sums(model: FedModel, embed: Callable[[Tensor], Tensor], ctx: ClientContext) -> tuple[Tensor, Tensor]:
     """Per-class sums and counts of ``embed`` over the client's split with the final local model in
-    eval mode, without augmentation (the spec's recommended prototype source, A-7 / B-7)."""
+    eval mode, without augmentation: fedray's default prototype source for FedSC and FedSKC
+    (docs/algorithms_prototypes.md, 'Ambiguities': proto_source)."""
     was_training = model.training
     model.eval()
     sums, counts = client_class_sums(embed, ctx.x, ctx.y, ctx.info.normalize, ctx.info.num_classes)

@@ -3,7 +3,7 @@ ICWS 2025).
 
 Implemented from the paper as recorded in docs/algorithms_prototypes.md (FedSKC). The "structural
 knowledge" lives in logit space: c_k^j = SiLU(mean over client k's class-j samples of the logits
-h(f(x))), a C-vector per class (§B.2.6).
+h(f(x))), a C-vector per class.
 
 **Client** (:meth:`FedSKC.client_update`), with l = h(f(x)) the logits and c̃ the global knowledge
 of round r−1::
@@ -11,7 +11,8 @@ of round r−1::
     L = CE + λ_LCL(r) · LCL                                           (Alg. 1 line 37)
     LCL(i) = −log e^{s(l_i, c̃^{y_i})/τ} / Σ_j e^{s(l_i, c̃^j)/τ},  s = cos(l, c̃^j) / 𝒰_j   (Eq. 2–3)
 
-CE only in round 1 (no knowledge yet, B-6). Then the knowledge c_k^j of the final local model.
+CE only in round 1 (no knowledge yet; the official code uses uninitialised anchors there). Then
+the knowledge c_k^j of the final local model.
 
 **Server** (:meth:`FedSKC.aggregate`, in the server actor):
 
@@ -34,24 +35,26 @@ the workers' ``sums`` as in FedAvg.
 β → ``algorithm.beta`` (0.95; the code hard-codes 0.99), α (Dirichlet) → ``data.alpha``; λ_LCL →
 ``algorithm.lam_lcl`` (1). Eq. 4's a_k, b_k are data-derived, not tunable. FedSKC uses no μ.
 
-**Variants** (spec §B.8; recommended default first):
+**Variants** (default first; paper / code / reasons per switch in docs/algorithms_prototypes.md,
+'Ambiguities', FedSKC):
 
 - ``gda_mode``: ``paper`` (literal Eq. 4; with thousands of samples per client the sigmoids
-  saturate and the weights are exactly uniform, B-1) | ``normalized`` (non-paper: e_k ∝
+  saturate and the weights are exactly uniform) | ``normalized`` (non-paper: e_k ∝
   σ(b_k − d_k/Σd)) | ``fedavg`` (what the code effectively runs);
 - ``gpr_mode``: ``paper`` (literal Eq. 5, which also shrinks w by β each round) | ``residual``
-  (w ← w + (1−β)·ρ·(w_prev − w), the non-shrinking reading) | ``off`` (B-2). ρ is unbounded, and
+  (w ← w + (1−β)·ρ·(w_prev − w), the non-shrinking reading) | ``off``. ρ is unbounded, and
   no clamp is applied because the paper has none: after a near-flat round-1 knowledge, ρ can reach
   the thousands and GPR then extrapolates far past w_prev (docs/algorithms_prototypes.md);
-- ``knowledge_transform``: ``silu`` (paper) | ``none`` (code) (B-3);
+- ``knowledge_transform``: ``silu`` (paper) | ``none`` (code);
 - ``lcl_variant``: ``paper`` | ``code`` (positive counted twice, plain cosine; ``u_mode`` does not
-  apply); ``lcl_warmup_rounds``: 0 (paper) or W for λ_LCL(r) = lam_lcl · min(r/W, 1) (code: 100) (B-4);
-- ``u_mode`` (𝒰_j of Eq. 2): ``batch`` | ``dataset`` | ``none`` (B-5, as FedSC). When logits and
+  apply); ``lcl_warmup_rounds``: 0 (paper) or W for λ_LCL(r) = lam_lcl · min(r/W, 1) (code: 100);
+- ``u_mode`` (𝒰_j of Eq. 2): ``batch`` | ``dataset`` | ``none`` (as FedSC). When logits and
   knowledge are both near 0 (early rounds), 𝒰 is small and 1/𝒰 makes LCL very sharp;
   ``none`` (𝒰 = 1) avoids that;
-- ``proto_source``: ``eval_pass`` | ``last_epoch`` (B-7, as FedSC).
+- ``proto_source``: ``eval_pass`` | ``last_epoch`` (as FedSC).
 
-With ``lam_lcl = 0``, ``gda_mode="fedavg"`` and ``gpr_mode="off"`` the run is exactly FedAvg (B.9.1).
+With ``lam_lcl = 0``, ``gda_mode="fedavg"`` and ``gpr_mode="off"`` the run is exactly FedAvg (a test
+checks this).
 """
 
 from __future__ import annotations
@@ -98,12 +101,12 @@ class FedSKCParams(AlgorithmParams):
     beta: float = Field(0.95, ge=0, le=1, description="GPR coefficient β (Eq. 5)")
     lam_lcl: float = Field(1.0, ge=0, description="weight of LCL (paper: 1)")
     lcl_warmup_rounds: int = Field(0, ge=0, description="linear LCL ramp over this many rounds (0: none; code: 100)")
-    lcl_variant: Literal["paper", "code"] = Field("paper", description="B-4")
-    u_mode: DistanceScaleMode = Field("batch", description="𝒰_j of Eq. 2 (B-5)")
-    knowledge_transform: Literal["silu", "none"] = Field("silu", description="B-3")
-    gda_mode: GdaMode = Field("paper", description="B-1")
-    gpr_mode: GprMode = Field("paper", description="B-2")
-    proto_source: ProtoSource = Field("eval_pass", description="B-7")
+    lcl_variant: Literal["paper", "code"] = Field("paper", description="LCL form: paper | official code")
+    u_mode: DistanceScaleMode = Field("batch", description="𝒰_j of Eq. 2")
+    knowledge_transform: Literal["silu", "none"] = Field("silu", description="c = SiLU(mean logits) (paper) | mean logits")
+    gda_mode: GdaMode = Field("paper", description="GDA weights (Eq. 4)")
+    gpr_mode: GprMode = Field("paper", description="GPR form (Eq. 5)")
+    proto_source: ProtoSource = Field("eval_pass", description="source of the client knowledge")
 
     @field_validator("gpr_mode", mode="before")
     @classmethod

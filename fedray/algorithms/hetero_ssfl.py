@@ -1,17 +1,19 @@
 """Hetero-SSFL (Makhija, Ho, Ghosh, arXiv 2205.12493): federated self-supervised learning of clients
-with different architectures, aligned through kernels on a public set (spec: hetero_ssfl.md).
+with different architectures, aligned through kernels on a public set (docs/algorithms_hetero_ssfl.md).
 
 No weights are exchanged and there is no global model. Every client keeps its own model (its own
 architecture, ``algorithm.architectures``) and BYOL target in the client state store, and trains it
 with local SSL (:mod:`fedray.algorithms.ssl`) plus an alignment term on the public, unlabelled
-Representation Alignment Dataset (RAD) X of L images (paper Eq. 2, with the spec's sign fix §3.3)::
+Representation Alignment Dataset (RAD) X of L images (paper Eq. 2 with its sign fixed: the printed
+Eq. 2 minimises +μ·CKA, which pushes clients apart)::
 
     min_W  ℓ_SSL(W) + μ · (1 - CKA(Φ_k(X_I) Φ_k(X_I)ᵀ, K̄(t-1)[I, I]))          (Eq. 2)
 
-on a RAD mini-batch I per local step (spec §10.2), both b×b blocks centred with their own H_b. After
-local training each client uploads only ``A_k = Φ_k(X)`` (L × d_k, eval mode, no augmentation); the
-server keeps the last upload of every client and forms ``K̄ = Σ_j w_j A_j A_jᵀ`` (Alg. 1, §4.2),
-broadcast once per round. Evaluation is a linear probe on every client's frozen encoder (§7.6):
+on a RAD mini-batch I per local step (not the whole RAD per epoch as in Alg. 1: backpropagating
+through all L images is infeasible), both b×b blocks centred with their own H_b. After local
+training each client uploads only ``A_k = Φ_k(X)`` (L × d_k, eval mode, no augmentation); the
+server keeps the last upload of every client and forms ``K̄ = Σ_j w_j A_j A_jᵀ`` (Alg. 1),
+broadcast once per round. Evaluation is a linear probe on every client's frozen encoder:
 ``probe_accuracy`` (mean over clients, also reported as ``test_accuracy``) and
 ``probe_accuracy_<architecture>`` (mean over that architecture's clients, Table 4).
 
@@ -30,15 +32,17 @@ M (clients per round)      ``train.clients_per_round``;  E: ``train.local_epochs
 
 Variants (recommended default first): ``ssl`` byol | simsiam; ``byol_loss`` normalized | mse;
 ``alignment_distance`` one_minus_cka | neg_cka (same gradient) | cka_literal (the paper's literal
-sign, pushes clients apart; ablation only); ``cka_estimator`` biased | debiased (spec §10.15);
-``consensus_form`` kernel (broadcast the L×L K̄) | factor (broadcast Ā = [√w_j A_j]_j, L × Σd_j: smaller
-when Σd_j < L, and the server does no L²-sized product); ``arch_assignment`` round_robin (client k gets
-architecture k mod A) | blocks (contiguous blocks) | random (seeded, at least one of each; spec §10.8).
+sign, pushes clients apart; ablation only); ``cka_estimator`` biased | debiased (against the
+small-batch bias of CKA); ``consensus_form`` kernel (broadcast the L×L K̄) | factor (broadcast
+Ā = [√w_j A_j]_j, L × Σd_j: smaller when Σd_j < L, and the server does no L²-sized product);
+``arch_assignment`` round_robin (client k gets architecture k mod A) | blocks (contiguous blocks) |
+random (seeded, at least one of each). The sign, the mini-batch estimate, this bias and every other
+choice the paper leaves open are explained in docs/algorithms_hetero_ssfl.md, 'Ambiguities'.
 
-The RAD (spec §4.1): ``rad_size`` seeded random images of the training split, labels dropped. By
-default they may overlap the clients' data (spec default); with ``data.public_fraction > 0`` they are
-drawn from the held-out public split instead, disjoint from every client (the spec's
-``rad_disjoint``).
+The RAD (the paper does not say where its L = 5000 images come from): ``rad_size`` seeded random
+images of the training split, labels dropped. By default they may overlap the clients' data; with
+``data.public_fraction > 0`` they are drawn from the held-out public split instead, disjoint from
+every client.
 
 Deviations, each for a reason:
 
@@ -178,7 +182,7 @@ class HeteroSSFL(SiameseAlgorithm):
         return {"consensus": server_state["consensus"]}
 
     def aggregate(self, server_state: ServerState, round: int, results: RoundResults) -> tuple[ServerState, dict[str, float]]:
-        """Cache this round's uploads (clients not selected keep their last one, spec §4.2) and
+        """Cache this round's uploads (clients not selected did not train and keep their last one) and
         rebuild ``K̄ = Σ_j w_j A_j A_jᵀ / Σ_j w_j`` over every cached client."""
         representations = dict(server_state["representations"])
         num_samples = dict(server_state["num_samples"])
@@ -208,7 +212,7 @@ class HeteroSSFL(SiameseAlgorithm):
         if target is not None:
             state["target"] = get_flat_weights(target, TARGET_PREFIXES)
         payload = {}
-        if self.params.mu > 0:  # the only thing that leaves the client: Φ_k on the RAD (spec §3.4)
+        if self.params.mu > 0:  # the only thing that leaves the client: Φ_k on the RAD, never weights
             assert ctx.x_public is not None
             model = ctx.model
             payload = {

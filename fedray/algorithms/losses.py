@@ -3,7 +3,7 @@
 The prototype losses are InfoNCE over a ``[B, anchors]`` logits matrix; the algorithms differ only
 in which anchors they compare against and which anchors count as positives:
 
-- FedSC's RPCL (fedsc_fedskc.md §A.2.3, FedSC Eq. 13–14) and FedSKC's LCL (§B.2.3, FedSKC Eq. 2–3):
+- FedSC's RPCL (FedSC Eq. 13–14) and FedSKC's LCL (FedSKC Eq. 2–3; docs/algorithms_prototypes.md):
   :func:`prototype_contrastive_loss`, a multi-positive InfoNCE (:func:`multi_positive_info_nce`)
   with similarity cos / 𝒰 (:func:`scaled_cosine`, :func:`distance_scale`); the official codes'
   forms are :func:`single_mean_positive_contrastive_loss` and :func:`duplicated_positive_anchor_loss`;
@@ -30,8 +30,8 @@ from fedray.algorithms.prototypes import class_means, class_sums
 
 Tensor = torch.Tensor
 
-COSINE_EPS = 1e-8  # cos(a, b) = aᵀb / (‖a‖‖b‖ + ε), fedsc_fedskc.md §0
-MIN_DISTANCE_SCALE = 1e-6  # lower clamp of 𝒰 (§A.2.3)
+COSINE_EPS = 1e-8  # cos(a, b) = aᵀb / (‖a‖‖b‖ + ε); the papers give no ε
+MIN_DISTANCE_SCALE = 1e-6  # lower clamp of 𝒰 (fedray's choice; the papers give none)
 
 DistanceMetric = Literal["mse", "l2", "l1"]
 
@@ -47,8 +47,8 @@ def cosine_matrix(features: Tensor, anchors: Tensor) -> Tensor:
 def distance_scale(features: Tensor, anchors: Tensor) -> Tensor:
     """𝒰 per anchor: the mean Euclidean distance of ``features`` ``[n, d]`` to each anchor ``[P, d]``,
     detached and clamped at ≥ 1e-6 (FedSC Eq. 13's 𝒰, FedSKC Eq. 2's 𝒰_j). Called on a batch this is
-    the spec's recommended per-batch estimate (ambiguities A-4, B-5); on a client's whole split it
-    is the paper's dataset mean."""
+    fedray's default per-batch estimate (``u_mode="batch"``, docs/algorithms_prototypes.md,
+    'Ambiguities': u_mode); on a client's whole split it is the papers' dataset mean."""
     return torch.cdist(features.detach(), anchors.detach()).mean(0).clamp_min(MIN_DISTANCE_SCALE)
 
 
@@ -89,7 +89,7 @@ def prototype_contrastive_loss(
 
     ``features`` ``[B, d]``, ``prototypes`` ``[P, d]`` with class ids ``prototype_classes`` ``[P]``,
     ``scale`` the per-prototype 𝒰 ``[P]`` (None: 𝒰 = 1). Mean over the samples whose class has at
-    least one prototype (the others are skipped, ambiguities A-6 / B-8); 0 if none has."""
+    least one prototype (the others are skipped: the papers assume every class has one); 0 if none has."""
     logits = scaled_cosine(features, prototypes, scale) / tau
     positives = prototype_classes.unsqueeze(0) == labels.unsqueeze(1)
     return mean_or_zero(multi_positive_info_nce(logits, positives), features)
@@ -103,7 +103,7 @@ def first_positive_info_nce(logits: Tensor) -> Tensor:
 def single_mean_positive_contrastive_loss(
     features: Tensor, labels: Tensor, prototypes: Tensor, prototype_classes: Tensor, tau: float
 ) -> Tensor:
-    """RPCL as the official FedSC code shapes it (ambiguity A-3, ``rpcl_variant="single_mean_positive"``):
+    """RPCL as the official FedSC code shapes it (``rpcl_variant="single_mean_positive"``):
     one positive, the mean of the prototypes of the sample's class; negatives, every prototype of
     another class; plain cosine (no 𝒰). Samples whose class has no prototype are skipped."""
     classes, index = torch.unique(prototype_classes, return_inverse=True)
@@ -122,7 +122,7 @@ def single_mean_positive_contrastive_loss(
 def duplicated_positive_anchor_loss(
     features: Tensor, labels: Tensor, anchors: Tensor, anchor_classes: Tensor, tau: float
 ) -> Tensor:
-    """LCL as the official FedSKC code computes it (ambiguity B-4, ``lcl_variant="code"``): logits
+    """LCL as the official FedSKC code computes it (``lcl_variant="code"``): logits
     ``[cos(l, c̃^y), cos(l, c̃^1), …, cos(l, c̃^C')] / τ`` with target 0, so the positive is counted
     twice; plain cosine (no 𝒰). Samples whose class has no anchor are skipped."""
     own_class = anchor_classes.unsqueeze(0) == labels.unsqueeze(1)
@@ -149,7 +149,8 @@ def model_contrastive_loss(
 def prototype_distance(features: Tensor, targets: Tensor, metric: DistanceMetric = "mse") -> Tensor:
     """Pull of ``features`` ``[B, d]`` toward their target prototypes ``[B, d]`` (no gradient into
     the targets): ``"mse"`` = (1/(B·d)) Σ‖z − o‖₂² (FedSC's CPDR default and FedProto's
-    ``nn.MSELoss``), ``"l2"`` = mean ‖z − o‖₂, ``"l1"`` = mean ‖z − o‖₁ (FedSC Eq. 15, ambiguity A-2).
+    ``nn.MSELoss``), ``"l2"`` = mean ‖z − o‖₂, ``"l1"`` = mean ‖z − o‖₁ (FedSC Eq. 15, whose literal
+    reading is L1 and whose proof uses L2; ``cpdr_metric``).
     Zero for an empty batch."""
     if features.shape[0] == 0:
         return features.sum() * 0.0
@@ -164,7 +165,7 @@ def prototype_distance(features: Tensor, targets: Tensor, metric: DistanceMetric
 
 
 # --------------------------------------------------------------------- in-batch supervised contrast
-# (FedRCL, fedrcl.md §2.2–2.4; any algorithm contrasting the samples of a batch with each other)
+# (FedRCL, docs/algorithms_fedrcl.md; any algorithm contrasting the samples of a batch with each other)
 
 
 def batch_cosine_similarities(features: Tensor) -> Tensor:

@@ -15,10 +15,10 @@ model θ_0's head π_0, which the server keeps from initialisation (it never hol
 **Evaluation.** :meth:`PersonalizedAlgorithm.evaluate_client` evaluates each client's personalised
 model as it stands at the start of the next round (:meth:`~PersonalizedAlgorithm.load_client_model`:
 the current global φ plus the client's own π, for FedCoSR after its local aggregation), on its own
-held-out split. This is PFLlib's protocol (FedCoSR spec §8.5): the server evaluates after round t
-with round t+1's broadcast. With ``eval.personalized`` each client also reports its accuracy right
-after local training (``post_train_accuracy``), summed over the round's cohort into the round metric
-``post_train_personal_accuracy``.
+held-out split. This is PFLlib's protocol, which the FedCoSR paper's tables follow: the server
+evaluates after round t with round t+1's broadcast. With ``eval.personalized`` each client also
+reports its accuracy right after local training (``post_train_accuracy``), summed over the round's
+cohort into the round metric ``post_train_personal_accuracy``.
 
 **Global model.** There is no global head, so ``test_accuracy`` (global test set) is that of φ^G
 with the untrained π_0: not meaningful for these methods; read ``personal_accuracy``.

@@ -1,16 +1,18 @@
 """Siamese self-supervised learning (BYOL, SimSiam) and the linear probe that evaluates its encoders;
-shared by Hetero-SSFL and FedAvg+BYOL (hetero_ssfl.md §3.1-3.2, §7.6).
+shared by Hetero-SSFL and FedAvg+BYOL (docs/algorithms_hetero_ssfl.md).
 
 A Siamese model is a fedray model (``encoder`` f, ``projector`` g) plus a ``predictor`` q, both heads
-being ``Linear → BatchNorm → ReLU → Linear`` MLPs (spec §3.1, FedSSL code: hidden 4096, output 2048).
-The representation the clients align is the predictor output ``Φ(x) = q(g(f(x)))`` (spec §2).
+being ``Linear → BatchNorm → ReLU → Linear`` MLPs (hidden 4096, output 2048, as in the FedU/FedEMA
+code; the Hetero-SSFL paper gives no sizes). The representation the clients align is the predictor
+output ``Φ(x) = q(g(f(x)))`` (paper Section 3.2).
 
-Local losses on two augmented views ``v1, v2`` of a batch (spec §3.2), with ``p_i = q(g(f(v_i)))``:
+Local losses on two augmented views ``v1, v2`` of a batch, with ``p_i = q(g(f(v_i)))``:
 
 - BYOL (default): ``(2 - 2 cos(p_1, sg(z^t_2))) + (2 - 2 cos(p_2, sg(z^t_1)))`` with ``z^t_i`` the
   target network's projection; ``byol_loss="mse"`` is the paper's literal ``‖p - z^t‖²``. After every
   optimiser step the target (encoder + projector) moves to ``θ_t ← τ θ_t + (1 - τ) θ``, τ =
-  ``algorithm.ema_decay`` (spec τ = 0.99; docs/architecture.md keeps ``algorithm.tau`` for temperatures).
+  ``algorithm.ema_decay`` (0.99 as in the FedU/FedEMA code; the paper gives no value;
+  docs/architecture.md keeps ``algorithm.tau`` for temperatures).
 - SimSiam: ``-½ cos(p_1, sg(z_2)) - ½ cos(p_2, sg(z_1))`` with the online projections ``z_i``.
 
 Both views of a batch go through the network in one forward pass of ``2B`` samples, so BatchNorm
@@ -18,7 +20,8 @@ sees at least two samples even for a last batch of one image. Views come from
 :func:`fedray.data.ssl_views` (per-sample crop, flip, jitter, noise, drawn on the device from the
 client's generator); ``data.augmentation`` does not apply. Labels are never used for training.
 
-Linear probe (spec §7.6): the frozen encoder's features of the labelled training set train a
+Linear probe (the paper's linear evaluation; what it leaves open: docs/algorithms_hetero_ssfl.md,
+'Ambiguities': linear probe): the frozen encoder's features of the labelled training set train a
 ``Linear(feature_dim, K)`` (``probe_out_dim`` outputs if set) with cross-entropy and Adam
 (lr ``probe_lr`` 3e-3, batch ``probe_batch_size`` 512, ``probe_epochs`` 100); the result is its top-1
 accuracy on the test set.
@@ -63,7 +66,7 @@ class SSLParams(AlgorithmParams):
 
 
 def mlp_head(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
-    """``Linear(in, hidden) → BatchNorm1d → ReLU → Linear(hidden, out)`` (spec §3.1)."""
+    """``Linear(in, hidden) → BatchNorm1d → ReLU → Linear(hidden, out)``."""
     return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.BatchNorm1d(hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, out_dim))
 
 
@@ -77,7 +80,7 @@ def attach_heads(model: FedModel, projection_dim: int, hidden_dim: int) -> FedMo
 
 
 def represent(model: FedModel, x: Tensor) -> Tensor:
-    """``Φ(x) = q(g(f(x)))``, the representation Hetero-SSFL aligns (spec §2)."""
+    """``Φ(x) = q(g(f(x)))``, the representation Hetero-SSFL aligns."""
     return model.predictor(model.project(model.encode(x)))
 
 
@@ -224,7 +227,7 @@ class SiameseAlgorithm(Algorithm):
         return local_train(replace(ctx, augment=two_views(ctx.info)), loss_fn, online, after_step=after_step)
 
     def probe(self, ctx: ClientContext, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> dict[str, float]:
-        """Linear-probe accuracy and loss of ``ctx.model``'s frozen encoder (spec §7.6)."""
+        """Linear-probe accuracy and loss of ``ctx.model``'s frozen encoder (see the module docstring)."""
         model, batch = ctx.model, self.config.eval.batch_size
         train_features = embed(model, model.encode, train[0], self.info, batch)
         test_features = embed(model, model.encode, test[0], self.info, batch)

@@ -49,8 +49,8 @@ MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 def projection_head(feature_dim: int, projection_dim: int) -> nn.Sequential:
     """The 2-layer MLP head of MOON (Li et al., 2021): Linear(d, d) → ReLU → Linear(d, p).
 
-    FedSC, FedSKC and FedRCL use no head (fedsc_fedskc.md "No projection head", fedrcl.md §2.1);
-    Hetero-SSFL's BYOL projector/predictor (hetero_ssfl.md §3.1) belongs to that algorithm.
+    FedSC, FedSKC and FedRCL use no head (neither their papers nor their official code has one);
+    Hetero-SSFL's BYOL projector/predictor (:mod:`fedray.algorithms.ssl`) belongs to that algorithm.
     """
     return nn.Sequential(
         nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, projection_dim)

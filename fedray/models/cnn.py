@@ -98,16 +98,17 @@ class CifarCNNEncoder(nn.Module):
 
 class CifarCNN(FedModel):
     """``cnn_cifar``: the two-conv CIFAR CNN of McMahan et al. (2017), with the exact layer sizes of
-    the FedCoSR spec §2 "Model (all datasets)" (PFLlib's ``FedAvgCNN``)::
+    PFLlib's ``FedAvgCNN``, the model the FedCoSR paper describes (docs/algorithms_personalized.md)::
 
         conv_block1: Conv2d(C, 2w, 5, padding 0) -> ReLU -> MaxPool2d(2)
         conv_block2: Conv2d(2w, 4w, 5, padding 0) -> ReLU -> MaxPool2d(2)
         fc1:         Linear(4w·5·5 on 32×32 | 4w·4·4 on 28×28, 512) -> ReLU     (the feature)
         classifier:  Linear(512, num_classes)
 
-    ``width`` w is a base width so that the config default (16) gives the spec's 32 and 64 conv
-    channels. The encoder (FedCoSR's shared φ) ends at the post-ReLU 512-d fc1 output (spec A7);
-    the classifier is FedCoSR's personal head π.
+    ``width`` w is a base width so that the config default (16) gives ``FedAvgCNN``'s 32 and 64 conv
+    channels. The encoder (FedCoSR's shared φ) ends at the post-ReLU 512-d fc1 output, as in PFLlib
+    (the paper says only "an FC layer with k output features"); the classifier is FedCoSR's
+    personal head π.
 
     Taps: ``conv_block1``, ``conv_block2`` (each after ReLU and pool) and ``fc1`` (the features).
     """
@@ -118,7 +119,7 @@ class CifarCNN(FedModel):
         self, in_channels: int, image_size: int, num_classes: int, width: int = 16
     ) -> None:
         super().__init__()
-        self.feature_dim = 512  # k = 512 [FedCoSR spec A1, PFLlib]
+        self.feature_dim = 512  # k = 512: PFLlib's value; the FedCoSR paper does not give k
         self.encoder = CifarCNNEncoder(
             in_channels, image_size, (2 * width, 4 * width), self.feature_dim
         )

@@ -1,25 +1,26 @@
 """CIFAR-style ResNets (3×3 stride-1 stem, no max-pool) with BatchNorm or GroupNorm.
 
-The three depths follow the specs' reference code:
+The three depths follow the papers' official code:
 
-- ``resnet8``: FedSKC's ``ResNet_cifar(resnet_size=8, scaling=4)`` (fedsc_fedskc.md §B.6): stem 64,
+- ``resnet8``: FedSKC's ``ResNet_cifar(resnet_size=8, scaling=4)``: stem 64,
   three stages of one BasicBlock, widths 64/128/256, strides 1/2/2 → 256-d feature.
-- ``resnet10``: FedSC's ``resnet10`` (fedsc_fedskc.md §A.6): stem 64, four stages of one BasicBlock,
+- ``resnet10``: FedSC's ``resnet10``: stem 64, four stages of one BasicBlock,
   widths 64/128/256/512, strides 1/2/2/2 → 512-d feature.
-- ``resnet18``: FedRCL's ``ResNet18_base`` (fedrcl.md §2.1): as ``resnet10`` with two BasicBlocks
-  per stage. Hetero-SSFL uses the same CIFAR-style variant (hetero_ssfl.md §3.1).
+- ``resnet18``: FedRCL's ``ResNet18_base``: as ``resnet10`` with two BasicBlocks per stage.
+  Hetero-SSFL's ResNet-18 is taken to be the same CIFAR-style variant, as in the FedU/FedEMA code
+  its setup follows.
 
-``norm="group"`` uses ``GroupNorm(2, C)`` everywhere, as FedRCL's code does (fedrcl.md §2.1, §8.5);
-``norm="batch"`` uses ``BatchNorm2d``. The encoder ends with adaptive global average pooling, so any
-input size works (32×32, 64×64, and 8×8 without crashing).
+``norm="group"`` uses ``GroupNorm(2, C)`` everywhere, as FedRCL's code does (the paper says only
+GroupNorm); ``norm="batch"`` uses ``BatchNorm2d``. The encoder ends with adaptive global average
+pooling, so any input size works (32×32, 64×64, and 8×8 without crashing).
 
-Taps (fedrcl.md §2.1): the stem output and every stage output, each taken **before** the ReLU that
-ends it (pre-activation, FedRCL's ``feature_relu: False``); the classification path applies the
+Taps (as in FedRCL's code): the stem output and every stage output, each taken **before** the ReLU
+that ends it (pre-activation, FedRCL's ``feature_relu: False``); the classification path applies the
 ReLU, so tapping does not change the logits. Tap names are ``stem``, ``stage1`` … ``stageN``
 (FedRCL's conv1, conv2_x … conv5_x for ``resnet18``).
 
-Convolutions use Kaiming-normal fan-out initialisation, N(0, sqrt(2/(k²·out_ch))), as FedSKC's code
-(§B.6); norm layers start at weight 1, bias 0; the linear layers keep PyTorch's default.
+Convolutions use Kaiming-normal fan-out initialisation, N(0, sqrt(2/(k²·out_ch))), as FedSKC's code;
+norm layers start at weight 1, bias 0; the linear layers keep PyTorch's default.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from torch import nn
 from fedray.models.base import FedModel
 
 NormKind = Literal["batch", "group"]
-GROUP_NORM_GROUPS = 2  # fedrcl.md §2.1 / §8.5
-STEM_WIDTH = 64  # every spec'd ResNet (fedrcl.md §2.1, fedsc_fedskc.md §A.6, §B.6)
+GROUP_NORM_GROUPS = 2  # FedRCL's code; the paper does not give the group count
+STEM_WIDTH = 64  # the stem of FedSC's, FedSKC's and FedRCL's ResNets
 
 
 def norm_layer(kind: NormKind, channels: int) -> nn.Module:
