@@ -498,6 +498,10 @@ def test_tune_configuration_follows_the_sweep_file(tmp_path):
     assert tune_config.max_concurrent_trials is None
     fifo = spec_from(tmp_path)
     assert isinstance(make_tune_config(fifo, make_scheduler(fifo)).scheduler, FIFOScheduler)
+    # warm trials by default: Tune reuses a trial's process (and fedray its pool) for the next trial
+    assert tune_config.reuse_actors is True
+    cold = spec_from(tmp_path, reuse_workers=False)
+    assert make_tune_config(cold, make_scheduler(cold)).reuse_actors is False
     run_config = make_run_config(spec, tmp_path / "s-1", scheduler, verbose=False)
     assert (run_config.name, run_config.storage_path) == ("s-1", str(tmp_path / "s-1" / "tune"))
     assert run_config.failure_config.max_failures == 4

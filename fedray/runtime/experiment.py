@@ -83,6 +83,18 @@ class RunSummary:
     final_metrics: dict[str, Any]
 
 
+@dataclass
+class WarmServer:
+    """A server actor and its workers kept alive from one run to the next in the same placement group
+    (a Tune trial process's pool, :mod:`fedray.tune.pool`), with the dataset they hold. A run given
+    one uses ``data`` as loaded and ``data_ref`` as put, resets ``server`` for its config (or starts
+    it and sets it here when None) and leaves it alive: its owner kills it."""
+
+    data: FederatedDataset
+    data_ref: ray.ObjectRef
+    server: Any = None
+
+
 class Checkpointer(Callback):
     """Writes a checkpoint every ``checkpoint.every`` rounds and after the last round."""
 
@@ -385,18 +397,21 @@ def run_experiment(
     progress: bool = True,
     placement: tuple[PlacementGroup, int] | None = None,
     fault: dict[str, int] | None = None,
+    warm: WarmServer | None = None,
 ) -> RunSummary:
     """Run (or, with ``resume``, continue) one federated simulation.
 
     ``placement`` lets a caller that already holds a placement group (a Ray Tune trial) pass it with
-    the index of the first worker bundle; otherwise one is reserved here. ``fault`` injects a worker
-    crash for tests: ``{"worker": i, "round": r}`` kills worker ``i`` after its first client of round ``r``.
+    the index of the first worker bundle; otherwise one is reserved here. ``warm``: a server (and
+    dataset) kept by such a caller from its previous run with the same resources in that group, see
+    :class:`WarmServer`. ``fault`` injects a worker crash for tests: ``{"worker": i, "round": r}``
+    kills worker ``i`` after its first client of round ``r``.
     """
     started = time.perf_counter()
     config = with_absolute_state_dir(validate_plugins(config))
     check_address(address)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
-    data = prepare_data(config)
+    data = prepare_data(config, None if warm is None else warm.data)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     checkpoint = load_latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:
@@ -428,10 +443,16 @@ def run_experiment(
         runtime_env = ship_user_modules(config)  # user code named by the config; the workers inherit it
         if runtime_env is not None:
             server_options["runtime_env"] = runtime_env
-        data_ref = ray.put(data)
-        run.server = ray.remote(Server).options(**server_options).remote(
-            config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
-        )
+        data_ref = ray.put(data) if warm is None else warm.data_ref
+        if warm is not None and warm.server is not None:
+            run.server = warm.server
+            ray.get(run.server.reset.remote(config.to_dict(), [data_ref], str(run_dir.resolve())))
+        else:
+            run.server = ray.remote(Server).options(**server_options).remote(
+                config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
+            )
+        if warm is not None:
+            warm.server = run.server
         if checkpoint is not None:
             ray.get(run.server.load_checkpoint_state.remote(checkpoint))
             logger.info("resuming %s from round %d", run_dir, start_round)
@@ -454,7 +475,7 @@ def run_experiment(
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
-        _release(run.server, group if placement is None else None)
+        _release(run.server if warm is None else None, group if placement is None else None)
         if created and not run.history and not list_checkpoints(run_dir):
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 

@@ -47,6 +47,19 @@ class Server:
         first_worker_bundle: int,
         fault: dict[str, int] | None = None,
     ) -> None:
+        self.placement_group = placement_group
+        self.first_worker_bundle = first_worker_bundle
+        self._start_run(config, data_ref, run_dir)
+        self.workers = [self._start_worker(i, fault) for i in range(self.config.resources.num_workers)]
+
+    def reset(self, config: dict[str, Any], data_ref: list[ray.ObjectRef], run_dir: str) -> None:
+        """Make this server and its workers those of a new run, exactly as if they had just been
+        started for it (a Tune trial reusing the warm pool of the previous trial). ``config`` must
+        have the same ``resources`` as the one the workers were started with."""
+        self._start_run(config, data_ref, run_dir)
+        ray.get([worker.reset.remote(self.config.to_dict(), self.data_ref[0], run_dir) for worker in self.workers])
+
+    def _start_run(self, config: dict[str, Any], data_ref: list[ray.ObjectRef], run_dir: str) -> None:
         self.config = RunConfig.model_validate(config)
         self.data_ref = data_ref  # a list, so that Ray passes the reference on instead of the data
         data: FederatedDataset = ray.get(data_ref[0])
@@ -54,8 +67,6 @@ class Server:
         self.client_costs = data.clients.sizes.astype(np.float64) * self.config.train.local_epochs
         self.client_test_sizes = None if data.client_test is None else data.client_test.sizes.astype(np.float64)
         self.run_dir = run_dir
-        self.placement_group = placement_group
-        self.first_worker_bundle = first_worker_bundle
         self.algorithm = build_algorithm(self.config, data)
         torch.manual_seed(self.config.seed)
         self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
@@ -66,7 +77,6 @@ class Server:
         self.worker_restarts = 0
         self.broadcast_ref: ray.ObjectRef | None = None
         self.broadcast_round = 0
-        self.workers = [self._start_worker(i, fault) for i in range(self.config.resources.num_workers)]
 
     # ------------------------------------------------------------------ workers
     def _start_worker(self, index: int, fault: dict[str, int] | None = None):

@@ -56,9 +56,22 @@ class ClientWorker:
         fault: dict[str, int] | None = None,
     ) -> None:
         self.worker_index = worker_index
+        self.device = select_device(use_gpu)
+        # torch's global RNG as a new process has it: what builds a worker's models draws from it
+        self.initial_rng_state = torch.random.get_rng_state()
+        self._start_run(config, data, run_dir)
+        self.fault = fault
+
+    def reset(self, config: dict[str, Any], data: FederatedDataset, run_dir: str) -> None:
+        """Make this worker that of a new run, exactly as if it had just been started for it (see
+        ``Server.reset``): new config, data and client state store, no models, the initial RNG."""
+        torch.random.set_rng_state(self.initial_rng_state)
+        self._start_run(config, data, run_dir)
+        self.fault = None
+
+    def _start_run(self, config: dict[str, Any], data: FederatedDataset, run_dir: str) -> None:
         self.config = RunConfig.model_validate(config)
         torch.set_num_threads(max(1, int(self.config.resources.cpus_per_worker)))
-        self.device = select_device(use_gpu)
         self.data = data
         self.algorithm = build_algorithm(self.config, data)
         augmentation = self.config.data.augmentation
@@ -72,7 +85,6 @@ class ClientWorker:
         self.mean_client_samples = float(np.mean(data.clients.sizes))
         self.models: dict[str, FedModel] = {}
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
-        self.fault = fault
 
     # ------------------------------------------------------------------ helpers
     def model_for(self, client_id: int | None) -> FedModel:

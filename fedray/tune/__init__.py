@@ -2,6 +2,7 @@
 
 - :mod:`.spec`: the sweep file (schema, loading, command-line changes, validation before Ray starts);
 - :mod:`.trainable`: the trial (resources, per-round reporting, checkpoints, restore, PBT clones);
+- :mod:`.pool`: a trial process's warm server and workers, reset for the next trial (``reuse_workers``);
 - :mod:`.schedulers`: FIFO / ASHA / PBT, and ASHA's state saved with Tune's experiment state;
 - :mod:`.results`: the sweep directory's ``trials.parquet`` / ``rounds.parquet`` / ``meta.json``;
 - :mod:`.trust`: digests of the Tune state, checked before ``--resume`` unpickles it;

@@ -18,6 +18,7 @@ A sweep file is YAML::
     max_concurrent_trials: 2
     max_failures: 1
     driver_cpus: 1
+    reuse_workers: true                 # keep trial processes and worker pools warm between trials
     output: {dir: sweeps}
 
 Domains (one per key): ``grid`` (every value, in every sample), ``choice`` (one value at random),
@@ -171,6 +172,11 @@ class SweepSpec(_Strict):
     max_concurrent_trials: int | None = Field(None, ge=1, description="None: as many as the resources allow")
     max_failures: int = Field(1, ge=0, description="retries of a crashed trial (from its last checkpoint)")
     driver_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each trial's driver (bundle 0)")
+    reuse_workers: bool = Field(
+        True,
+        description="a trial process, its server and its workers stay warm for the next trial with the same "
+        "resources (in the same placement group); false: every trial starts its own",
+    )
     output: SweepOutput = Field(default_factory=SweepOutput)
 
     @field_validator("scheduler", "search", mode="before")
@@ -366,7 +372,7 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
     for values in spec.trial_shapes():
         try:
             config = spec.trial_config(values)
-            data_key = json.dumps([config.seed, config.data.model_dump(mode="json")], sort_keys=True)
+            data_key = dataset_key(config)
             datasets[data_key] = prepare_data(config, datasets.get(data_key))
         except ConfigError as error:
             shape = ", ".join(f"{k}={v!r}" for k, v in values.items())
@@ -391,6 +397,11 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
                 f"({config.train.rounds}) and a multiple of checkpoint.every ({config.checkpoint.every}) and of "
                 f"eval.every ({config.eval.every}): a trial is cloned from the engine checkpoint of a reported round"
             )
+
+
+def dataset_key(config: RunConfig) -> str:
+    """What a trial's dataset (its partition included) depends on: trials with the same key share one."""
+    return json.dumps([config.seed, config.data.model_dump(mode="json")], sort_keys=True)
 
 
 def max_rounds(spec: SweepSpec) -> int:

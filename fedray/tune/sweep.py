@@ -128,6 +128,7 @@ def make_tune_config(spec: SweepSpec, scheduler: tune.schedulers.TrialScheduler)
         num_samples=spec.num_samples,
         max_concurrent_trials=max_concurrent,
         trial_dirname_creator=_trial_dirname,
+        reuse_actors=spec.reuse_workers,  # a trial process stays warm for the next trial (fedray.tune.pool)
     )
 
 

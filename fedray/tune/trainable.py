@@ -20,6 +20,10 @@ simulation has ended (see :class:`TuneReporter`). A trial that Tune restores (a
 retry after a crash, or ``fedray tune --resume``) continues from the engine's latest checkpoint in
 its run directory (``run_experiment(resume=True)``) and first re-reports the rounds Tune has not seen.
 
+Warm trials (``reuse_workers``, the default): Tune reuses a trial's process for the next trial with
+the same resources, and that process keeps its server and workers in the same placement group and
+resets them for the next trial (:mod:`fedray.tune.pool`).
+
 Population-based training (``scheduler: pbt``): each Tune checkpoint also carries a copy of the engine's
 state at that round (the checkpoint file, the metrics (``metrics.parquet`` or ``metrics_parts/``) and
 ``client_state/``), so a trial that Tune restarts from *another* trial's checkpoint with a perturbed config (an exploit) continues from
@@ -35,6 +39,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +53,7 @@ from fedray.runtime.checkpoint import checkpoint_dir
 from fedray.runtime.experiment import SUMMARY_FILE, default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
 from fedray.tracking.metrics_file import PARTS_DIR
+from fedray.tune.pool import warm_server
 from fedray.tune.results import CONFIG_ERROR, engine_metrics, trial_run_dir
 from fedray.tune.spec import SweepSpec
 
@@ -130,13 +136,15 @@ class TuneReporter(Callback):
 
 
 class PlacementRecord(Callback):
-    """Writes ``placement.json`` (the trial's placement group, its bundles and the group each worker
-    runs in) and fails the trial if a worker landed outside the trial's group."""
+    """Writes ``placement.json`` (the trial's placement group, its bundles, the group each worker runs
+    in and the workers' process ids: the same as the previous trial's when it reused its warm pool) and
+    fails the trial if a worker landed outside the trial's group."""
 
     def on_run_start(self, run: RunContext) -> None:
         group = get_current_placement_group()
         workers = ray.get(run.server.worker_handles.remote())
         worker_groups = ray.get([worker.placement_group_id.remote() for worker in workers])
+        worker_pids = ray.get([worker.pid.remote() for worker in workers])
         record = {
             "trial_id": tune.get_context().get_trial_id(),
             "placement_group_id": None if group is None else group.id.hex(),
@@ -144,6 +152,7 @@ class PlacementRecord(Callback):
             "server_bundle": SERVER_BUNDLE,
             "first_worker_bundle": FIRST_WORKER_BUNDLE,
             "worker_placement_group_ids": worker_groups,
+            "worker_pids": worker_pids,
         }
         (run.run_dir / PLACEMENT_FILE).write_text(json.dumps(record, indent=2))
         outside = [i for i, group_id in enumerate(worker_groups) if group_id != record["placement_group_id"]]
@@ -226,11 +235,13 @@ def _run_trial(values: dict[str, Any], spec: SweepSpec, sweep_dir: Path) -> None
         for callback in callbacks:
             if isinstance(callback, MetricsParquet):
                 callback.min_interval = 0.0  # Tune may end the trial at any report: keep metrics.parquet whole
-        run_experiment(
-            config,
-            run_dir=run_dir,
-            resume=True,  # continues from the run directory's latest checkpoint; from round 1 if it has none
-            placement=(group, FIRST_WORKER_BUNDLE),
-            callbacks=callbacks + [PlacementRecord(), reporter],
-        )
+        with warm_server(config, group) if spec.reuse_workers else nullcontext() as warm:
+            run_experiment(
+                config,
+                run_dir=run_dir,
+                resume=True,  # continues from the run directory's latest checkpoint; from round 1 if it has none
+                placement=(group, FIRST_WORKER_BUNDLE),
+                callbacks=callbacks + [PlacementRecord(), reporter],
+                warm=warm,
+            )
     reporter.report_held_back(run_dir)
