@@ -81,3 +81,15 @@ def test_concatenation_unifies_columns_and_keeps_the_row_order(tmp_path):
         {"round": 3, "loss": None, "count": 2.5, "extra": None},
     ]
     assert table.equals(pa.concat_tables([pq.read_table(first), pq.read_table(second), tail], promote_options="permissive"))
+
+
+def test_parts_of_many_checkpoint_intervals_are_merged(tmp_path):
+    run = _run(tmp_path, rounds=1000, checkpoint_every=1)  # a part per round, each closing its interval
+    metrics = MetricsParquet(min_interval=1e9)
+    metrics.on_run_start(run)
+    for round in range(1, 2 * MERGED_PARTS + 3):
+        _round_end(metrics, run, round)
+    spans = [(first, last) for first, last, _ in list_parts(tmp_path)]
+    assert spans == [(1, MERGED_PARTS), (MERGED_PARTS + 1, 2 * MERGED_PARTS), (2 * MERGED_PARTS + 1,) * 2, (2 * MERGED_PARTS + 2,) * 2]
+    assert [r["round"] for r in read_metrics(tmp_path)] == list(range(1, 2 * MERGED_PARTS + 3))
+    assert len(read_metrics(tmp_path, scope="client")) == 3 * (2 * MERGED_PARTS + 2)

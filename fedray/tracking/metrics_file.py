@@ -7,13 +7,14 @@ Layout, append-only so that writing costs O(rows) in total however long the run:
   part written once, atomically, and never changed: at every checkpoint round (the part then covers
   the rounds since the previous checkpoint and replaces the parts written in between) and otherwise
   at most once per ``min_interval`` seconds (sooner past ``MAX_UNWRITTEN_ROWS`` rows), so a live
-  reader sees recent rounds; every ``MERGED_PARTS`` such parts are merged into one, so a long
-  checkpoint interval leaves few files;
+  reader sees recent rounds; every ``MERGED_PARTS`` such parts are merged into one, and so are
+  every ``MERGED_PARTS`` parts of checkpoint intervals, so that neither a long checkpoint interval
+  nor many short ones leave many files;
 - when the run ends, the parts are compacted into ``metrics.parquet`` (one write of every row) and
   removed.
 
 Merging reads the parts back one at a time, so the driver holds only the rows not yet in a part:
-its memory stays flat however many rounds and clients, and every row is written at most four times.
+its memory stays flat however many rounds and clients, and every row is written at most five times.
 
 :func:`read_metrics` reads either layout (and both, while a compaction is half done), so the
 dashboard, Ray Tune and notebooks use it rather than ``metrics.parquet`` directly; after a run ends,
@@ -42,8 +43,8 @@ from fedray.tracking.callbacks import Callback, RunContext
 logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.parquet"
 PARTS_DIR = "metrics_parts"
-MERGED_PARTS = 64  # parts written between checkpoints that are merged into one
-MAX_UNWRITTEN_ROWS = 100_000  # rows held before a part is written, even within min_interval
+MERGED_PARTS = 64  # parts merged into one (see the module docstring)
+MAX_UNWRITTEN_ROWS = 20_000  # rows held before a part is written, even within min_interval
 _PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
 Part = tuple[int, int, Path]  # first round, last round, path
 
@@ -199,6 +200,7 @@ class MetricsParquet(Callback):
         self.unwritten: list[dict[str, Any]] = []  # rows not yet in a part
         self.segment_parts: list[Part] = []  # parts since the last checkpoint round (replaced at the next)
         self.unmerged = 0  # the last parts of segment_parts that are not merged ones
+        self.closed_parts: list[Part] = []  # parts of the checkpoint intervals since the last merge of them
         self._last_write = 0.0
 
     def on_run_start(self, run: RunContext) -> None:
@@ -242,8 +244,11 @@ class MetricsParquet(Callback):
 
     def _close_segment(self, run: RunContext) -> None:
         """One part for the rows since the last checkpoint round, replacing the parts written since."""
-        self._write_part(run, self.segment_parts, rows_table(self.unwritten) if self.unwritten else None)
+        self.closed_parts.append(self._write_part(run, self.segment_parts, rows_table(self.unwritten) if self.unwritten else None))
         self.unwritten, self.segment_parts, self.unmerged = [], [], 0
+        if len(self.closed_parts) == MERGED_PARTS:
+            self._write_part(run, self.closed_parts)
+            self.closed_parts = []
 
     def _write_part(self, run: RunContext, parts: list[Part], tail: pa.Table | None = None) -> Part:
         """A new part with the rows of ``parts`` (consecutive, in round order), then those of ``tail``;
