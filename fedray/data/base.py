@@ -104,9 +104,11 @@ class FederatedDataset:
     def num_clients(self) -> int:
         return self.clients.num_clients
 
-    def label_distribution(self) -> np.ndarray:
-        """``[num_clients, num_classes]`` label counts of each client's training split."""
-        counts = np.zeros((self.num_clients, self.info.num_classes), dtype=np.int64)
-        owner = np.repeat(np.arange(self.num_clients), self.clients.sizes)
-        np.add.at(counts, (owner, self.train.y[self.clients.indices]), 1)
+    def label_distribution(self, clients: int | None = None) -> np.ndarray:
+        """``[clients, num_classes]`` label counts of the training split of each of the first
+        ``clients`` clients (of every client by default)."""
+        clients = self.num_clients if clients is None else min(clients, self.num_clients)
+        counts = np.zeros((clients, self.info.num_classes), dtype=np.int64)
+        owner = np.repeat(np.arange(clients), self.clients.sizes[:clients])
+        np.add.at(counts, (owner, self.train.y[self.clients.indices[: self.clients.offsets[clients]]]), 1)
         return counts

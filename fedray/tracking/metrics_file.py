@@ -6,9 +6,15 @@ Layout, append-only so that writing costs O(rows) in total however long the run:
 - while the run goes on, rows are written to ``metrics_parts/rounds_<first>-<last>.parquet``, each
   part written once, atomically, and never changed: at every checkpoint round (the part then covers
   the rounds since the previous checkpoint and replaces the parts written in between) and otherwise
-  at most once per ``min_interval`` seconds, so a live reader sees recent rounds;
+  at most once per ``min_interval`` seconds (sooner past ``MAX_UNWRITTEN_ROWS`` rows), so a live
+  reader sees recent rounds; every ``MERGED_PARTS`` such parts are merged into one, and so are
+  every ``MERGED_PARTS`` parts of checkpoint intervals, so that neither a long checkpoint interval
+  nor many short ones leave many files;
 - when the run ends, the parts are compacted into ``metrics.parquet`` (one write of every row) and
   removed.
+
+Merging reads the parts back one at a time, so the driver holds only the rows not yet in a part:
+its memory stays flat however many rounds and clients, and every row is written at most five times.
 
 :func:`read_metrics` reads either layout (and both, while a compaction is half done), so the
 dashboard, Ray Tune and notebooks use it rather than ``metrics.parquet`` directly; after a run ends,
@@ -37,7 +43,10 @@ from fedray.tracking.callbacks import Callback, RunContext
 logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.parquet"
 PARTS_DIR = "metrics_parts"
+MERGED_PARTS = 64  # parts merged into one (see the module docstring)
+MAX_UNWRITTEN_ROWS = 20_000  # rows held before a part is written, even within min_interval
 _PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
+Part = tuple[int, int, Path]  # first round, last round, path
 
 
 class MetricsError(RuntimeError):
@@ -54,13 +63,42 @@ def write_parquet_atomically(table: pa.Table, path: Path) -> None:
     write_bytes_atomically(path, memoryview(sink.getvalue()))
 
 
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """``rows`` (dicts whose keys may differ) as one table; missing values are null."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns})
+
+
 def write_table_atomically(rows: list[dict[str, Any]], path: Path) -> None:
     """Write ``rows`` (dicts whose keys may differ) as one Parquet table; missing values are null."""
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    write_parquet_atomically(pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns}), path)
+    write_parquet_atomically(rows_table(rows), path)
 
 
-def list_parts(run_dir: str | Path) -> list[tuple[int, int, Path]]:
+def concatenate_atomically(parts: list[Path], path: Path, tail: pa.Table | None = None) -> None:
+    """Write the rows of the Parquet files ``parts``, then those of ``tail``, in that order, as one
+    Parquet file at ``path`` (atomically), with the columns of all of them (missing values are null,
+    types promoted as :func:`pyarrow.concat_tables` does). Only one part is in memory at a time."""
+    schemas = [pq.read_schema(part) for part in parts] + ([] if tail is None else [tail.schema])
+    schema = pa.unify_schemas(schemas, promote_options="permissive")
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, write_page_checksum=True) as writer:
+        for part in parts:
+            writer.write_table(_conform(_read_table(part), schema))
+        if tail is not None:
+            writer.write_table(_conform(tail, schema))
+    write_bytes_atomically(path, memoryview(sink.getvalue()))
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns, in its order (null where ``table`` lacks one)."""
+    columns = [
+        table[field.name].cast(field.type) if field.name in table.column_names else pa.nulls(len(table), field.type)
+        for field in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def list_parts(run_dir: str | Path) -> list[Part]:
     """(first round, last round, path) of each metrics part of a run, in round order."""
     directory = Path(run_dir) / PARTS_DIR
     parts = []
@@ -93,12 +131,19 @@ def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
     return _read_metrics_once(Path(run_dir))
 
 
-def _read_metrics_once(run_dir: Path) -> pa.Table | None:
+def _current_parts(run_dir: Path) -> list[Part]:
+    """The parts that hold the run's rows, in round order: of overlapping parts (a wider part written,
+    the parts it replaces not yet removed) the widest."""
     parts, covered_to = [], 0
     for first, last, path in sorted(list_parts(run_dir), key=lambda part: (part[0], -part[1])):
         if last > covered_to:  # else a wider part holds its rounds (it is being replaced)
             parts.append((first, last, path))
             covered_to = last
+    return parts
+
+
+def _read_metrics_once(run_dir: Path) -> pa.Table | None:
+    parts = _current_parts(run_dir)
     tables = [_read_table(path) for _, _, path in parts]
     if (run_dir / METRICS_FILE).is_file():
         try:
@@ -147,61 +192,78 @@ def check_metrics_cover(run_dir: str | Path, round: int) -> None:
 
 
 class MetricsParquet(Callback):
-    """Writes the run's metric rows as described in the module docstring. Holds only the rows since
-    the last checkpoint in memory."""
+    """Writes the run's metric rows as described in the module docstring. Holds in memory only the
+    rows not yet written to a part."""
 
     def __init__(self, min_interval: float = 1.0) -> None:
         self.min_interval = min_interval
-        self.segment: list[dict[str, Any]] = []  # rows since the last checkpoint round
-        self.segment_parts: list[Path] = []  # parts written since then (replaced at the checkpoint)
-        self.unwritten = 0  # rows of the segment not yet in a part
+        self.unwritten: list[dict[str, Any]] = []  # rows not yet in a part
+        self.segment_parts: list[Part] = []  # parts since the last checkpoint round (replaced at the next)
+        self.unmerged = 0  # the last parts of segment_parts that are not merged ones
+        self.closed_parts: list[Part] = []  # parts of the checkpoint intervals since the last merge of them
         self._last_write = 0.0
 
     def on_run_start(self, run: RunContext) -> None:
         """Start afresh, or on resume keep the rows the checkpoint covers (rounds <= ``run.start_round``)
         as one part, drop later ones (they are recomputed) and put the kept round rows into ``run.history``."""
         table = read_metrics_table(run.run_dir) if run.start_round > 0 else None
-        kept = [] if table is None else [row for row in table.to_pylist() if row["round"] <= run.start_round]
+        kept = None if table is None else table.filter(pc.less_equal(table["round"], run.start_round))
         old_parts = list_parts(run.run_dir)
-        if kept:
-            whole = self._write_part(run, kept)  # covers every older part that ends by start_round
+        if kept is not None and len(kept) > 0:
+            whole = self._part_path(run, int(pc.min(kept["round"]).as_py()), int(pc.max(kept["round"]).as_py()))
+            write_parquet_atomically(kept, whole)  # covers every older part that ends by start_round
             old_parts = [part for part in old_parts if part[2] != whole]
         for _, _, path in old_parts:
             path.unlink()
         (run.run_dir / METRICS_FILE).unlink(missing_ok=True)
-        run.history.extend(row for row in kept if row["scope"] == "round")
+        if kept is not None:
+            run.history.extend(kept.filter(pc.equal(kept["scope"], "round")).to_pylist())
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        self.segment.append({"scope": "round", "client_id": None, **row})
-        self.segment.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
-        self.unwritten += 1 + len(client_rows)
+        self.unwritten.append({"scope": "round", "client_id": None, **row})
+        self.unwritten.extend({"scope": "client", "round": row["round"], **client} for client in client_rows)
         round = row["round"]
         if round % run.config.checkpoint.every == 0 or round == run.config.train.rounds:
             self._close_segment(run)
-        elif time.monotonic() - self._last_write >= self.min_interval:
-            self.segment_parts.append(self._write_part(run, self.segment[len(self.segment) - self.unwritten :]))
-            self.unwritten = 0
+        elif time.monotonic() - self._last_write >= self.min_interval or len(self.unwritten) >= MAX_UNWRITTEN_ROWS:
+            self.segment_parts.append(self._write_part(run, [], rows_table(self.unwritten)))
+            self.unwritten = []
+            self.unmerged += 1
+            if self.unmerged == MERGED_PARTS:
+                self.segment_parts[-MERGED_PARTS:] = [self._write_part(run, self.segment_parts[-MERGED_PARTS:])]
+                self.unmerged = 0
 
     def on_run_end(self, run: RunContext) -> None:
         """Compact every part into ``metrics.parquet`` and remove the parts."""
-        if self.segment:
+        if self.unwritten or self.segment_parts:
             self._close_segment(run)
-        table = read_metrics_table(run.run_dir)
-        if table is not None:
-            write_parquet_atomically(table, run.run_dir / METRICS_FILE)
+        parts = [path for _, _, path in _current_parts(run.run_dir)]
+        if parts:
+            concatenate_atomically(parts, run.run_dir / METRICS_FILE)
         shutil.rmtree(run.run_dir / PARTS_DIR, ignore_errors=True)
 
     def _close_segment(self, run: RunContext) -> None:
         """One part for the rows since the last checkpoint round, replacing the parts written since."""
-        self._write_part(run, self.segment)
-        for path in self.segment_parts:
-            path.unlink(missing_ok=True)
-        self.segment, self.segment_parts, self.unwritten = [], [], 0
+        self.closed_parts.append(self._write_part(run, self.segment_parts, rows_table(self.unwritten) if self.unwritten else None))
+        self.unwritten, self.segment_parts, self.unmerged = [], [], 0
+        if len(self.closed_parts) == MERGED_PARTS:
+            self._write_part(run, self.closed_parts)
+            self.closed_parts = []
 
-    def _write_part(self, run: RunContext, rows: list[dict[str, Any]]) -> Path:
+    def _write_part(self, run: RunContext, parts: list[Part], tail: pa.Table | None = None) -> Part:
+        """A new part with the rows of ``parts`` (consecutive, in round order), then those of ``tail``;
+        ``parts`` are removed once it is written."""
+        first = parts[0][0] if parts else pc.min(tail["round"]).as_py()
+        last = parts[-1][1] if tail is None else pc.max(tail["round"]).as_py()
+        path = self._part_path(run, first, last)
+        concatenate_atomically([path for _, _, path in parts], path, tail)
+        self._last_write = time.monotonic()
+        for _, _, old in parts:
+            if old != path:
+                old.unlink(missing_ok=True)
+        return first, last, path
+
+    def _part_path(self, run: RunContext, first: int, last: int) -> Path:
         directory = run.run_dir / PARTS_DIR
         directory.mkdir(exist_ok=True)
-        path = directory / f"rounds_{rows[0]['round']:06d}-{rows[-1]['round']:06d}.parquet"
-        write_table_atomically(rows, path)
-        self._last_write = time.monotonic()
-        return path
+        return directory / f"rounds_{first:06d}-{last:06d}.parquet"
