@@ -47,6 +47,16 @@ def test_schedule_covers_cohort_balances_and_is_sticky():
     assert assign_clients(ids, skewed, 4) == assign_clients(ids, skewed, 4)
 
 
+def test_schedule_without_stickiness_places_each_client_on_the_least_loaded_worker():
+    ids = np.arange(10)
+    costs = np.array([1485.0, 1200, 900, 874, 700, 650, 574, 400, 300, 157])
+    sticky = [costs[part].sum() for part in assign_clients(ids, costs, 2)]
+    balanced = [costs[part].sum() for part in assign_clients(ids, costs, 2, sticky=False)]
+    assert max(balanced) - min(balanced) < max(sticky) - min(sticky)
+    assert max(balanced) - min(balanced) <= costs.min()  # LPT: within the smallest client
+    assert sorted(c for part in assign_clients(ids, costs, 2, sticky=False) for c in part) == list(range(10))
+
+
 def test_schedule_moves_clients_off_an_overloaded_home():
     ids = np.array([0, 4, 8, 12])  # all at home on worker 0 of 4
     parts = assign_clients(ids, np.ones(4), 4)
