@@ -53,6 +53,19 @@ def test_same_config_gives_identical_metrics(baseline, tmp_path):
     assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
 
 
+def test_one_worker_trains_the_same_model_as_two(baseline, tmp_path):
+    """Which clients a worker sums (the 2 workers split each cohort by cost) does not reach the
+    float32 model; only test_loss may differ in its last bits, as the workers sum evaluation shards."""
+    config, _ = baseline
+    single = config.model_copy(deep=True)
+    single.output.dir = str(tmp_path)
+    single.resources.num_workers = 1
+    run_experiment(single, progress=False)
+    assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
+    training = [{k: v for k, v in row.items() if k in ("round", "train_loss", "test_accuracy")} for row in round_rows(tmp_path / "run")]
+    assert training == [{k: v for k, v in row.items() if k in ("round", "train_loss", "test_accuracy")} for row in round_rows(f"{config.output.dir}/run")]
+
+
 def test_killed_worker_gives_the_same_final_model(baseline, tmp_path):
     config, _ = baseline
     faulty = config.model_copy(deep=True)

@@ -68,7 +68,9 @@ class InProcessRun:
         for round in range(1, rounds + 1):
             cfg = self.config
             cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
-            assignment = assign_clients(cohort, self.client_sizes[cohort].astype(float), len(self.workers))
+            assignment = assign_clients(
+                cohort, self.client_sizes[cohort].astype(float), len(self.workers), sticky=self.algorithm.keeps_client_state
+            )
             broadcast = self.algorithm.broadcast(self.state, round)
             partials = [w.run_clients(round, self.tasks(ids), broadcast) for w, ids in zip(self.workers, assignment) if ids]
             for partial in partials:

@@ -136,7 +136,10 @@ class Server:
         started = time.perf_counter()
         cfg = self.config
         cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
-        assignment = assign_clients(cohort, self.client_costs[cohort], len(self.workers))
+        # which clients a worker sums changes only the float64 rounding of the sums, which has not
+        # reached a float32 result in any run measured (docs/performance.md); stickiness pays only
+        # where a worker caches client state
+        assignment = assign_clients(cohort, self.client_costs[cohort], len(self.workers), sticky=self.algorithm.keeps_client_state)
         broadcast = self._broadcast(round)
         partials: list[PartialResult | None] = self._on_all_workers(
             lambda worker, ids: worker.run_clients.remote(round, self._tasks(ids), broadcast), assignment
