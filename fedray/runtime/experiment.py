@@ -80,6 +80,7 @@ class RunSummary:
     best_round: int | None
     seconds: float
     ray_startup_seconds: float
+    first_round_seconds: float | None  # from the call to the end of its first round (None: no round ran)
     final_metrics: dict[str, Any]
 
 
@@ -422,6 +423,7 @@ def run_experiment(
     callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
     if storage_sync is not None:
         callbacks.append(storage_sync)
+    first_round_seconds: float | None = None
     try:
         server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
         server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
@@ -439,6 +441,8 @@ def run_experiment(
             callback.on_run_start(run)
         for round in range(start_round + 1, config.train.rounds + 1):
             result = ray.get(run.server.run_round.remote(round))
+            if first_round_seconds is None:
+                first_round_seconds = time.perf_counter() - started
             check_round(config, result["round"])
             run.history.append(result["round"])
             for callback in callbacks:
@@ -458,7 +462,7 @@ def run_experiment(
         if created and not run.history and not list_checkpoints(run_dir):
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
-    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
+    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds, first_round_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:
         storage_sync.sync(run_dir)
@@ -511,7 +515,7 @@ def _release(server: Any, group: PlacementGroup | None) -> None:
         remove_placement_group(group)
 
 
-def summarize(run: RunContext, seconds: float, ray_startup_seconds: float) -> RunSummary:
+def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first_round_seconds: float | None) -> RunSummary:
     evaluated = [row for row in run.history if row.get("test_accuracy") is not None]
     best = max(evaluated, key=lambda row: row["test_accuracy"], default=None)
     final = run.history[-1] if run.history else {}
@@ -523,6 +527,7 @@ def summarize(run: RunContext, seconds: float, ray_startup_seconds: float) -> Ru
         best_round=None if best is None else best["round"],
         seconds=seconds,
         ray_startup_seconds=ray_startup_seconds,
+        first_round_seconds=first_round_seconds,
         final_metrics=final,
     )
 
