@@ -23,14 +23,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import ray
 import torch
 import torch.nn.functional as F
 
 from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, set_flat_weights
-from fedray.runtime import run_experiment
 from fedray.seeding import sample_cohort
 from fedray.tracking import Callback
 
@@ -80,6 +78,8 @@ def steady(seconds: list[float], skip: int = 2) -> float:
 
 
 def run_fedray(overrides: list[str], out_dir: str) -> dict:
+    from fedray.runtime import run_experiment  # Ray: imported here, so that run_plain's process never loads it
+
     config = load_config(None, overrides + [f"output.dir={out_dir}"])
     clock = RoundClock()
     started = time.perf_counter()
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    import ray
 
     with tempfile.TemporaryDirectory() as scratch:
         fedray_w1 = run_fedray(W1, scratch)  # starts the local Ray: its start-up is measured here

@@ -47,12 +47,18 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _API:
-        value = getattr(importlib.import_module(_API[name]), name)
-        globals()[name] = value  # later look-ups skip this function
+def lazy_attribute(namespace: dict[str, Any], api: dict[str, str], name: str) -> Any:
+    """A package's ``__getattr__``: ``name`` imported from its module in ``api`` and kept in the
+    package's ``namespace`` (so later look-ups skip this function)."""
+    if name in api:
+        value = getattr(importlib.import_module(api[name]), name)
+        namespace[name] = value
         return value
-    raise AttributeError(f"module 'fedray' has no attribute {name!r}")
+    raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(globals(), _API, name)
 
 
 def __dir__() -> list[str]:

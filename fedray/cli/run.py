@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 from fedray.config import ConfigError
+
+_IMPORTED = time.monotonic()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,17 +35,32 @@ def run_command(args: argparse.Namespace) -> int:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
         from fedray.runtime import resume_experiment
 
+        before_run = seconds_since_process_start()
         summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
     else:
         config = load_config(args.config, args.overrides)
         from fedray.runtime import run_experiment
 
+        before_run = seconds_since_process_start()
         summary = run_experiment(config, address=args.address, progress=not args.quiet)
-    print_summary(summary)
+    print_summary(summary, before_run)
     return 0
 
 
-def print_summary(summary) -> None:
+def seconds_since_process_start() -> float:
+    """Seconds since this process started (imports included): from ``/proc`` on Linux, elsewhere
+    since this module was imported."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started_ticks = int(stat.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as uptime:
+            return float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+def print_summary(summary, before_run: float) -> None:
+    """``before_run``: the process's age when the run started (its imports and config validation)."""
     def percent(value):
         return "n/a" if value is None else f"{100 * value:.2f}%"
 
@@ -53,4 +72,6 @@ def print_summary(summary) -> None:
     if "personal_accuracy" in summary.final_metrics:
         print(f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}")
     print(f"wall time          {summary.seconds:.1f} s (Ray start-up {summary.ray_startup_seconds:.1f} s)")
+    if summary.first_round_seconds is not None:
+        print(f"first round after  {before_run + summary.first_round_seconds:.1f} s (from the command's start)")
     print("files              config.yaml, metrics.parquet, summary.json, workers.json, learning_curve.png, partition.png, tensorboard/, checkpoints/")

@@ -34,7 +34,7 @@ from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
-from fedray.runtime.server import Server, WorkerPoolError
+from fedray.runtime.server import Server, WorkerPoolError, start_worker
 from fedray.runtime.state_store import ClientStateError, ClientStateStore, client_state_location, nodes_missing_location
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
@@ -80,6 +80,7 @@ class RunSummary:
     best_round: int | None
     seconds: float
     ray_startup_seconds: float
+    first_round_seconds: float | None  # from the call to the end of its first round (None: no round ran)
     final_metrics: dict[str, Any]
 
 
@@ -273,7 +274,9 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
     for the run; returns the seconds it took.
 
     A local Ray starts without Ray's dashboard and job server; Ray >= 2.59 protects a local Ray's
-    ports with token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md).
+    ports with token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md). Its worker
+    processes import the server's and workers' module (torch, the algorithms) as they start, before
+    they are given an actor: Ray starts one per CPU with the instance, so they do it during ``ray.init``.
     """
     if ray.is_initialized():
         return 0.0
@@ -292,6 +295,7 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
                 include_dashboard=False,
                 dashboard_host="127.0.0.1",
                 log_to_driver=True,
+                _system_config={"preload_python_modules": [Server.__module__]},
             )
     except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
         raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {_first_line(error)}") from None
@@ -437,19 +441,26 @@ def run_experiment(
     callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
     if storage_sync is not None:
         callbacks.append(storage_sync)
+    workers: list[Any] = []
+    first_round_seconds: float | None = None
     try:
         server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
         server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
-        runtime_env = ship_user_modules(config)  # user code named by the config; the workers inherit it
+        runtime_env = ship_user_modules(config)  # user code named by the config; the server's replacement workers inherit it
         if runtime_env is not None:
             server_options["runtime_env"] = runtime_env
-        data_ref = ray.put(data) if warm is None else warm.data_ref
+        data_ref = ray.put(data) if warm is None else warm.data_ref  # the only copy: the server and every worker read it
         if warm is not None and warm.server is not None:
             run.server = warm.server
             ray.get(run.server.reset.remote(config.to_dict(), [data_ref], str(run_dir.resolve())))
         else:
+            # The workers boot (import torch, take their copy of the data) while the server does.
+            workers = [
+                start_worker(config, i, data_ref, str(run_dir.resolve()), group, first_worker_bundle, fault, runtime_env)
+                for i in range(config.resources.num_workers)
+            ]
             run.server = ray.remote(Server).options(**server_options).remote(
-                config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, fault
+                config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, workers
             )
         if warm is not None:
             warm.server = run.server
@@ -460,6 +471,8 @@ def run_experiment(
             callback.on_run_start(run)
         for round in range(start_round + 1, config.train.rounds + 1):
             result = ray.get(run.server.run_round.remote(round))
+            if first_round_seconds is None:
+                first_round_seconds = time.perf_counter() - started
             check_round(config, result["round"])
             run.history.append(result["round"])
             for callback in callbacks:
@@ -475,11 +488,11 @@ def run_experiment(
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
-        _release(run.server if warm is None else None, group if placement is None else None)
+        _release(run.server if warm is None else None, workers, group if placement is None else None)  # a warm pool outlives the run
         if created and not run.history and not list_checkpoints(run_dir):
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
-    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds)
+    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds, first_round_seconds)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:
         storage_sync.sync(run_dir)
@@ -517,22 +530,24 @@ def _remove_created(directories: list[Path]) -> None:
             break
 
 
-def _release(server: Any, group: PlacementGroup | None) -> None:
-    """Kill the run's actors and remove its placement group. A dead server's workers are gone with it
-    (Ray ends the actors an actor created when it dies)."""
+def _release(server: Any, workers: list[Any], group: PlacementGroup | None) -> None:
+    """Kill the run's actors and remove its placement group: the workers the driver started and the
+    server's replacements for those that died (a dead server's replacements are gone with it: Ray
+    ends the actors an actor created when it dies)."""
     if server is not None:
         try:
-            workers = ray.get(server.worker_handles.remote(), timeout=60)
+            workers = [*workers, *ray.get(server.worker_handles.remote(), timeout=60)]
         except (RayActorError, ray.exceptions.GetTimeoutError):
-            workers = []
-        for worker in workers:
-            ray.kill(worker)
+            pass
+    for worker in dict.fromkeys(workers):
+        ray.kill(worker)
+    if server is not None:
         ray.kill(server)
     if group is not None:
         remove_placement_group(group)
 
 
-def summarize(run: RunContext, seconds: float, ray_startup_seconds: float) -> RunSummary:
+def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first_round_seconds: float | None) -> RunSummary:
     evaluated = [row for row in run.history if row.get("test_accuracy") is not None]
     best = max(evaluated, key=lambda row: row["test_accuracy"], default=None)
     final = run.history[-1] if run.history else {}
@@ -544,6 +559,7 @@ def summarize(run: RunContext, seconds: float, ray_startup_seconds: float) -> Ru
         best_round=None if best is None else best["round"],
         seconds=seconds,
         ray_startup_seconds=ray_startup_seconds,
+        first_round_seconds=first_round_seconds,
         final_metrics=final,
     )
 

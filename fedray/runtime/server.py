@@ -37,6 +37,35 @@ class WorkerPoolError(RuntimeError):
     """Workers kept dying past ``resources.max_worker_restarts``."""
 
 
+def start_worker(
+    config: RunConfig,
+    index: int,
+    data: ray.ObjectRef,
+    run_dir: str,
+    placement_group: PlacementGroup | None,
+    first_worker_bundle: int,
+    fault: dict[str, int] | None = None,
+    runtime_env: dict[str, Any] | None = None,
+) -> Any:
+    """Start client worker ``index`` in its bundle of ``placement_group``; returns its actor handle.
+    ``fault`` (tests) is passed on to the worker it names; ``runtime_env`` is for a caller whose own
+    environment the worker would not inherit (the driver's, when the config names user modules)."""
+    resources = config.resources
+    options: dict[str, Any] = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
+    if placement_group is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group, placement_group_bundle_index=first_worker_bundle + index
+        )
+    if runtime_env is not None:
+        options["runtime_env"] = runtime_env
+    worker_fault = fault if fault is not None and fault.get("worker") == index else None
+    return (
+        ray.remote(ClientWorker)
+        .options(**options)
+        .remote(index, config.to_dict(), data, run_dir, resources.gpus_per_worker > 0, worker_fault)
+    )
+
+
 class Server:
     def __init__(
         self,
@@ -45,12 +74,15 @@ class Server:
         run_dir: str,
         placement_group: PlacementGroup | None,
         first_worker_bundle: int,
-        fault: dict[str, int] | None = None,
+        workers: list[Any],
     ) -> None:
+        """``workers``: the pool's actors, one per worker bundle, started by the driver (with
+        :func:`start_worker`) so that they boot while this actor does; the server replaces the ones
+        that die."""
         self.placement_group = placement_group
         self.first_worker_bundle = first_worker_bundle
         self._start_run(config, data_ref, run_dir)
-        self.workers = [self._start_worker(i, fault) for i in range(self.config.resources.num_workers)]
+        self.workers = list(workers)
 
     def reset(self, config: dict[str, Any], data_ref: list[ray.ObjectRef], run_dir: str) -> None:
         """Make this server and its workers those of a new run, exactly as if they had just been
@@ -79,19 +111,9 @@ class Server:
         self.broadcast_round = 0
 
     # ------------------------------------------------------------------ workers
-    def _start_worker(self, index: int, fault: dict[str, int] | None = None):
-        resources = self.config.resources
-        options: dict[str, Any] = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
-        if self.placement_group is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                self.placement_group, placement_group_bundle_index=self.first_worker_bundle + index
-            )
-        worker_fault = fault if fault is not None and fault.get("worker") == index else None
-        return (
-            ray.remote(ClientWorker)
-            .options(**options)
-            .remote(index, self.config.to_dict(), self.data_ref[0], self.run_dir, resources.gpus_per_worker > 0, worker_fault)
-        )
+    def _start_worker(self, index: int) -> Any:
+        """A new worker in bundle ``index``'s place (it inherits this actor's ``runtime_env``)."""
+        return start_worker(self.config, index, self.data_ref[0], self.run_dir, self.placement_group, self.first_worker_bundle)
 
     def _on_all_workers(self, call: Callable[[Any, Any], ray.ObjectRef], work: list[Any]) -> list[Any]:
         """``call(worker, work[i])`` on every worker with work; a worker that dies is replaced and its

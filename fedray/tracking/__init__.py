@@ -1,33 +1,40 @@
-"""Run tracking: metrics Parquet, TensorBoard, plots and progress, each a callback."""
+"""Run tracking: metrics Parquet, TensorBoard, plots and progress, each a callback.
 
-from fedray.tracking.callbacks import BUILTIN_CALLBACKS, Callback, RunContext, callback_class, config_callback_classes
-from fedray.tracking.metrics_file import (
-    METRICS_FILE,
-    MetricsError,
-    MetricsParquet,
-    read_metrics,
-    read_metrics_table,
-    write_table_atomically,
-)
-from fedray.tracking.plots import Plots, plot_learning_curve, plot_partition
-from fedray.tracking.progress import ProgressBar
-from fedray.tracking.tensorboard import TensorBoardLogger
+Each name is imported on first use, so ``from fedray.tracking import Callback`` does not load
+pyarrow, tqdm or the plotting code."""
 
-__all__ = [
-    "BUILTIN_CALLBACKS",
-    "METRICS_FILE",
-    "Callback",
-    "MetricsError",
-    "MetricsParquet",
-    "Plots",
-    "ProgressBar",
-    "RunContext",
-    "TensorBoardLogger",
-    "callback_class",
-    "config_callback_classes",
-    "plot_learning_curve",
-    "plot_partition",
-    "read_metrics",
-    "read_metrics_table",
-    "write_table_atomically",
-]
+from __future__ import annotations
+
+from typing import Any
+
+from fedray import lazy_attribute
+
+#: Public name -> the module that defines it.
+_API = {
+    "BUILTIN_CALLBACKS": "fedray.tracking.callbacks",
+    "Callback": "fedray.tracking.callbacks",
+    "RunContext": "fedray.tracking.callbacks",
+    "callback_class": "fedray.tracking.callbacks",
+    "config_callback_classes": "fedray.tracking.callbacks",
+    "METRICS_FILE": "fedray.tracking.metrics_file",
+    "MetricsError": "fedray.tracking.metrics_file",
+    "MetricsParquet": "fedray.tracking.metrics_file",
+    "read_metrics": "fedray.tracking.metrics_file",
+    "read_metrics_table": "fedray.tracking.metrics_file",
+    "write_table_atomically": "fedray.tracking.metrics_file",
+    "Plots": "fedray.tracking.plots",
+    "plot_learning_curve": "fedray.tracking.plots",
+    "plot_partition": "fedray.tracking.plots",
+    "ProgressBar": "fedray.tracking.progress",
+    "TensorBoardLogger": "fedray.tracking.tensorboard",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(globals(), _API, name)
+
+
+def __dir__() -> list[str]:
+    return __all__

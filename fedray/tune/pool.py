@@ -74,5 +74,5 @@ def discard_pool() -> None:
     """Kill this process's kept server and workers, if any."""
     global _kept
     if _kept is not None and _kept.warm.server is not None:
-        _release(_kept.warm.server, None)
+        _release(_kept.warm.server, [], None)
     _kept = None

@@ -1,0 +1,117 @@
+"""Start-up: `fedray run` of workload W1 against the plain single-process PyTorch loop of
+benchmarks/w1_overhead.py, each as a fresh process, in the same invocation.
+
+For each side: the time to its first round, from the process's start (interpreter, imports, data,
+Ray and the actors included), and its end to end (from spawning the process to its exit, teardown
+included). fedray's first round is the one the CLI prints ("first round after X s"); the plain loop
+reports the same figure with the same clock. Both run with the real interpreter (not a shim), the
+sides alternate, and each figure is the median of --repeats runs.
+
+Targets (issue 18): first round <= 2x the plain loop's, end to end <= 1.5x.
+
+    python benchmarks/startup.py --repeats 3          # --json FILE to save the figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_ROUND_LINE = re.compile(r"^first round after\s+([0-9.]+) s", re.MULTILINE)
+TARGETS = {"first_round": 2.0, "end_to_end": 1.5}
+
+
+def plain_child() -> None:
+    """The plain loop's process: W1 end to end, then its time to the first round on stdout."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from w1_overhead import W1, run_plain  # torch and fedray's data code, not Ray
+
+    from fedray.cli.run import seconds_since_process_start
+
+    result = run_plain(W1)
+    # The rounds run back to back and nothing follows the last: round 1 ended when the others began.
+    first_round = seconds_since_process_start() - sum(result["round_s"][1:])
+    print(json.dumps({"first_round_s": first_round, "final_accuracy": result["final_accuracy"]}))
+
+
+def _run(command: list[str], cwd: str) -> tuple[float, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), "RAY_ADDRESS": ""}
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:4])} ... failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return seconds, result.stdout
+
+
+def run_plain_once(scratch: str) -> dict[str, float]:
+    seconds, stdout = _run([sys.executable, __file__, "--plain-child"], scratch)
+    reported = json.loads(stdout.strip().splitlines()[-1])
+    return {"first_round": reported["first_round_s"], "end_to_end": seconds, "final_accuracy": reported["final_accuracy"]}
+
+
+def run_fedray_once(scratch: str, w1: list[str]) -> dict[str, float]:
+    overrides = [arg for item in [*w1, f"output.dir={scratch}"] for arg in ("--set", item)]
+    seconds, stdout = _run([sys.executable, "-m", "fedray.cli.main", "run", *overrides, "--quiet"], scratch)
+    match = FIRST_ROUND_LINE.search(stdout)
+    if match is None:
+        raise RuntimeError(f"no 'first round after' line in the output of fedray run:\n{stdout[-2000:]}")
+    [run_dir] = [path for path in Path(scratch).iterdir() if path.is_dir() and (path / "summary.json").is_file()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "first_round": float(match.group(1)),
+        "end_to_end": seconds,
+        "final_accuracy": summary["final_test_accuracy"],
+        "ray_startup": summary["ray_startup_seconds"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side (median reported; default 3)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.plain_child:
+        plain_child()
+        return 0
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from w1_overhead import W1
+
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "fedray": []}
+    for _ in range(args.repeats):  # alternating, so that a slower spell of the machine hits both sides
+        with tempfile.TemporaryDirectory() as scratch:
+            runs["plain"].append(run_plain_once(scratch))
+        with tempfile.TemporaryDirectory() as scratch:
+            runs["fedray"].append(run_fedray_once(scratch, W1))
+
+    figures: dict[str, float] = {}
+    for side, results in runs.items():
+        for name in results[0]:
+            figures[f"{side}_{name}{'' if name == 'final_accuracy' else '_s'}"] = statistics.median(r[name] for r in results)
+    for name in TARGETS:
+        figures[f"ratio_{name}"] = figures[f"fedray_{name}_s"] / figures[f"plain_{name}_s"]
+
+    width = max(map(len, figures))
+    for name, value in figures.items():
+        print(f"{name:<{width}}  {value:.3f}")
+    for name, target in TARGETS.items():
+        ratio = figures[f"ratio_{name}"]
+        print(f"target: ratio_{name} <= {target} -> {'met' if ratio <= target else 'NOT met'}")
+    if args.json:
+        args.json.write_text(json.dumps({**figures, "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Start-up: the driver starts the workers so that they boot while the server actor does, kills them
+at the end, and reports the time to the first round (summary.json and the CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+import ray
+from ray.exceptions import RayActorError
+
+from fedray.cli.run import print_summary, seconds_since_process_start
+from fedray.plugins import load_config
+from fedray.runtime import RunSummary, run_experiment
+from fedray.tracking import Callback
+
+MODULE_IMPORTED = time.monotonic()
+
+# An algorithm whose server refuses to finish preparing (init_server_state) until every worker has
+# built its own copy of the algorithm: it can only succeed if the workers start alongside the server.
+WAIT_FOR_WORKERS = textwrap.dedent(
+    '''
+    import os
+    import time
+    from pathlib import Path
+
+    from fedray import AlgorithmParams
+    from fedray.algorithms.fedavg import FedAvg
+
+
+    class Params(AlgorithmParams):
+        record: str
+        driver_pid: int
+        workers: int
+
+
+    class WaitForWorkers(FedAvg):
+        name = "wait_for_workers"
+        Params = Params
+
+        def __init__(self, config, info):
+            super().__init__(config, info)
+            with open(self.params.record, "a") as record:
+                record.write(f"{os.getpid()}\\n")
+
+        def init_server_state(self, model):
+            others = set()
+            deadline = time.monotonic() + 120
+            while len(others) < self.params.workers and time.monotonic() < deadline:
+                others = set(Path(self.params.record).read_text().split()) - {str(os.getpid()), str(self.params.driver_pid)}
+                time.sleep(0.05)
+            if len(others) < self.params.workers:
+                raise RuntimeError(f"the server prepared alone: {len(others)} worker(s) had started")
+            return super().init_server_state(model)
+    '''
+)
+
+
+class WorkerHandles(Callback):
+    def on_run_start(self, run) -> None:
+        self.workers = ray.get(run.server.worker_handles.remote())
+        self.pids = ray.get([worker.pid.remote() for worker in self.workers])
+
+
+@pytest.fixture
+def wait_for_workers_module(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "startprobe.py").write_text(WAIT_FOR_WORKERS)
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(sys, "path", [str(project), *sys.path])
+    yield project
+    sys.modules.pop("startprobe", None)
+
+
+def test_workers_boot_with_the_server_and_are_killed_at_the_end(ray_session, wait_for_workers_module, tiny_overrides, tmp_path):
+    config = load_config(None, [
+        *tiny_overrides,
+        "train.rounds=2",
+        "resources.num_workers=2",
+        "algorithm.name=startprobe:WaitForWorkers",
+        f"algorithm.record={tmp_path / 'constructed.txt'}",
+        f"algorithm.driver_pid={os.getpid()}",
+        "algorithm.workers=2",
+    ])
+    handles = WorkerHandles()
+    summary = run_experiment(config, progress=False, extra_callbacks=[handles])
+
+    assert summary.rounds == 2
+    assert len(set(handles.pids)) == 2 and os.getpid() not in handles.pids
+    for worker in handles.workers:  # the driver started them, so the driver kills them
+        with pytest.raises(RayActorError):
+            ray.get(worker.pid.remote(), timeout=60)
+
+    # the time to the first round: after the start of the call, within the run
+    assert 0 < summary.first_round_seconds <= summary.seconds
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["first_round_seconds"] == summary.first_round_seconds
+
+
+def test_the_cli_prints_the_first_round_from_the_process_start(capsys):
+    summary = RunSummary(
+        run_dir="runs/x", rounds=3, final_test_accuracy=0.5, best_test_accuracy=0.6, best_round=2,
+        seconds=9.0, ray_startup_seconds=3.0, first_round_seconds=5.25, final_metrics={},
+    )
+    print_summary(summary, before_run=2.5)
+    assert "first round after  7.8 s (from the command's start)" in capsys.readouterr().out
+
+    print_summary(RunSummary(**{**summary.__dict__, "first_round_seconds": None}), before_run=2.5)
+    assert "first round" not in capsys.readouterr().out  # no round ran
+
+
+def test_the_process_age_counts_from_the_process_start():
+    first = seconds_since_process_start()
+    time.sleep(0.05)
+    second = seconds_since_process_start()
+    assert second - first >= 0.04
+    # pytest started and collected tests well before it imported this module
+    assert first > time.monotonic() - MODULE_IMPORTED + 0.1
