@@ -488,7 +488,9 @@ def run_experiment(
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
-        _release(run.server if warm is None else None, workers, group if placement is None else None)  # a warm pool outlives the run
+        if warm is None:
+            _release(run.server, workers, group if placement is None else None)
+        # else the warm pool's server and workers outlive the run (fedray.tune.pool releases them)
         if created and not run.history and not list_checkpoints(run_dir):
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
