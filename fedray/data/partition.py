@@ -20,7 +20,7 @@ _MAX_DIRICHLET_DRAWS = 10
 # dirichlet: a draw that leaves more clients than this short makes a further draw unlikely to leave
 # none short (about exp(-short) under a Poisson approximation), so the repair runs at once.
 _HOPELESS_SHORT_CLIENTS = 5
-# dirichlet_equal_size: bound on the spec's "repeat until" loop, so a hopeless config fails loudly.
+# dirichlet_equal_size: bound on the procedure's "repeat until" loop, so a hopeless config fails loudly.
 _MAX_CHUNK_DRAWS = 1000
 # dirichlet_equal_size: workers per chunk in the official code (``n_auxi_workers``).
 _WORKERS_PER_CHUNK = 10
@@ -30,7 +30,7 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
     """Partition sample indices ``0..N-1`` among ``cfg.num_clients`` clients by ``cfg.partition``.
 
     ``iid``: shuffled, near-equal sizes. ``dirichlet``: per-class Dirichlet(``cfg.alpha``) over
-    clients. ``dirichlet_equal_size``: the CReFF procedure of spec fedsc_fedskc.md C.1 (optional
+    clients. ``dirichlet_equal_size``: the CReFF procedure that FedSC/FedSKC's official code uses (optional
     long tail, equal client sizes). ``shards``: ``cfg.classes_per_client`` label shards per client.
     ``quantity``: iid labels with log-normal(``cfg.quantity_sigma``) client sizes.
     """
@@ -278,7 +278,7 @@ def _long_tail_subset(labels: np.ndarray, imbalance_ratio: float, seed: int) -> 
 def _dirichlet_equal_size(
     labels: np.ndarray, num_clients: int, alpha: float, imbalance_ratio: float, seed: int
 ) -> ClientPartition:
-    """The CReFF partition of spec fedsc_fedskc.md C.1 (official ``utils/sample_dirichlet.py`` and
+    """The CReFF partition (the official ``utils/sample_dirichlet.py`` and
     ``utils/long_tailed_cifar10.py`` of FedSC/FedSKC): equal client sizes, Dirichlet label mixtures.
 
     1. Long tail with ρ = ``imbalance_ratio`` (ρ = 1: none, every sample is used).
