@@ -75,6 +75,7 @@ class ClientWorker:
         fault: dict[str, int] | None = None,
     ) -> None:
         self.worker_index = worker_index
+        keep_freed_memory()  # a setting of the process: once, not on every reset
         self.device = select_device(use_gpu)
         # torch's global RNG as a new process has it: what builds a worker's models draws from it
         self.initial_rng_state = torch.random.get_rng_state()
@@ -90,7 +91,6 @@ class ClientWorker:
 
     def _start_run(self, config: dict[str, Any], data: FederatedDataset, run_dir: str) -> None:
         self.config = RunConfig.model_validate(config)
-        keep_freed_memory()
         torch.set_num_threads(max(1, int(self.config.resources.cpus_per_worker)))
         self.data = data
         self.algorithm = build_algorithm(self.config, data)
