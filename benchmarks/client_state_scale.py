@@ -36,6 +36,7 @@ import ray
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from scale import workload as scale_workload  # noqa: E402
 from w1_overhead import RoundClock, steady  # noqa: E402
 
 from fedray import load_config  # noqa: E402
@@ -44,23 +45,7 @@ from fedray.runtime.state_store import ClientStateStore, client_state_location, 
 
 
 def workload(clients: int, per_round: int, rounds: int) -> list[str]:
-    return [
-        "data.name=synthetic",
-        f"data.synthetic.num_train={2 * clients}",
-        "data.synthetic.num_test=500",
-        f"data.num_clients={clients}",
-        "data.partition=iid",
-        "model.name=cnn_small",
-        f"train.clients_per_round={per_round}",
-        f"train.rounds={rounds}",
-        "train.local_epochs=1",
-        f"eval.every={rounds}",
-        "resources.num_workers=2",
-        "resources.cpus_per_worker=1",
-        "checkpoint.every=1000",
-        "output.tensorboard=false",
-        "output.plots=false",
-    ]
+    return scale_workload(clients, per_round, rounds) + [f"eval.every={rounds}", "checkpoint.every=1000"]
 
 
 def store_size(location: str) -> tuple[int, int]:

@@ -38,25 +38,12 @@ from fedray import load_config
 from fedray.runtime import run_experiment
 from fedray.runtime.experiment import default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext
+from scale import workload as scale_workload  # benchmarks/ is on sys.path when a script here runs
 
 
 def workload(rounds: int, per_round: int, registered: int, checkpoint_every: int) -> list[str]:
-    return [
-        "data.name=synthetic",
-        f"data.synthetic.num_train={2 * registered}",
-        "data.synthetic.num_test=200",
-        f"data.num_clients={registered}",
-        "data.partition=iid",
-        "model.name=cnn_small",
-        f"train.rounds={rounds}",
-        f"train.clients_per_round={per_round}",
-        "train.local_epochs=1",
-        "eval.every=10",
-        "resources.num_workers=2",
-        "resources.cpus_per_worker=1",
-        f"checkpoint.every={checkpoint_every}",
-        "output.tensorboard=false",
-        "output.plots=false",
+    return scale_workload(registered, per_round, rounds) + [
+        "data.synthetic.num_test=200", "eval.every=10", f"checkpoint.every={checkpoint_every}"
     ]
 
 

@@ -42,6 +42,8 @@ from fedray.tracking import Callback, RunContext  # noqa: E402
 
 
 def workload(registered: int, per_round: int, rounds: int) -> list[str]:
+    """Synthetic 1×8×8 clients of 2 samples each, ``cnn_small``, evaluated every round; the other
+    benchmarks of registered-client scale (client_state_scale.py, long_run.py) append their changes."""
     return [
         "data.name=synthetic",
         f"data.synthetic.num_train={2 * registered}",
