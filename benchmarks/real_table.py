@@ -1,32 +1,39 @@
-"""Resumable results table on the real Fashion-MNIST files: every algorithm, a paper-style protocol.
+"""Resumable results table on the real Fashion-MNIST files: every algorithm, tuned, a paper-style protocol.
 
-Each algorithm starts from ``examples/<base>_digits.yaml`` (its own hyperparameters, the papers'
-defaults), then the shared protocol is applied:
+Two stages, both resumable, run in order by one command:
+
+1. **Tuning.** Each algorithm's sweep in ``tune_configs/fmnist/`` (its key hyperparameter × the
+   learning rate, 20 rounds at Dirichlet α = 0.1, ASHA) is ranked on a validation split
+   (``data.validation_fraction``: a seeded 10 % of the training set, never the test set). Every
+   trial goes to ``docs/results_fmnist_tuning.csv``, the best one marked ``chosen``.
+2. **The table.** Each algorithm starts from ``examples/<base>_digits.yaml``, takes its sweep's
+   chosen values (``TUNED_FROM`` says which sweep a variant uses), then the shared protocol:
 
     Fashion-MNIST (60,000 train / 10,000 test, 28×28), 100 clients, 10 per round (10 %), 100 rounds,
     2 local epochs, batch 32, the example's optimiser, cnn_small, evaluated every 5 rounds, seeds 0, 1.
 
-and one of three settings groups:
+   and one of three settings groups:
 
-* ``global`` (test accuracy of the global model): Dirichlet α = 0.1 and α = 0.5. FedAvg, FedProx,
-  FedSC, FedRCL, FedProto, MOON, FedSKC, FedRCL's β = 0 ablation (``fedrcl_beta0``) and FedSKC
-  with ``gpr_mode=residual, u_mode=none`` (``fedskc_stabilised``).
-* ``personalised`` (``personal_accuracy``: every client's own model on its held-out 25 %, and its
-  spread across clients ``personal_accuracy_std``): a pathological split (``shards2``: 2 classes per
-  client) and Dirichlet α = 0.1 (``pdir0.1``). FedAvg, Local, FedPer, FedCoSR.
-* ``ssl`` (``probe_accuracy``: linear probe of the learned encoders on labelled data): Dirichlet
-  α = 0.1 and 0.5. Hetero-SSFL, its μ = 0 local-SSL variant (``hetero_ssfl_local``), FedAvg+BYOL,
-  and Hetero-SSFL with the debiased alignment (``hetero_ssfl_debiased``).
+   * ``global`` (test accuracy of the global model): Dirichlet α = 0.1 and α = 0.5. FedAvg, FedProx,
+     FedSC, FedRCL, FedProto, MOON, FedSKC, FedRCL's β = 0 ablation (``fedrcl_beta0``) and FedSKC
+     with ``gpr_mode=residual, u_mode=none`` (``fedskc_stabilised``).
+   * ``personalised`` (``personal_accuracy``: every client's own model on its held-out 25 %, and its
+     spread across clients ``personal_accuracy_std``): a pathological split (``shards2``: 2 classes
+     per client) and Dirichlet α = 0.1 (``pdir0.1``). FedAvg, Local, FedPer, FedCoSR.
+   * ``ssl`` (``probe_accuracy``: linear probe of the learned encoders on labelled data): Dirichlet
+     α = 0.1 and 0.5. Hetero-SSFL, its μ = 0 local-SSL variant (``hetero_ssfl_local``), FedAvg+BYOL,
+     and Hetero-SSFL with the debiased alignment (``hetero_ssfl_debiased``).
 
-Every finished (algorithm, setting, seed) is appended to ``<out>.csv`` (and its curve to
-``<out>_curves.csv``) and skipped on the next invocation; an interrupted run (Ctrl-C, SIGTERM) keeps
-its checkpoints under ``--runs-dir`` and is resumed from them. ``--report`` rewrites the table part of
-``<out>.md`` (between the two marker lines; the prose around it is kept) and ``<out>.png`` (mean ± std
-band over seeds) from the CSVs alone::
+Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
+curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
+them since; an interrupted run (Ctrl-C, SIGTERM) keeps its checkpoints under ``--runs-dir`` and
+resumes from them, an interrupted sweep resumes under ``<runs-dir>_sweeps``. ``--report`` rewrites
+the table part of ``<out>.md`` (between the two marker lines; the prose around it is kept) and
+``<out>.png`` (mean ± std band over seeds) from the CSVs alone::
 
-    nice -n 19 python benchmarks/real_table.py                 # run (or continue) everything, in order
+    nice -n 19 python benchmarks/real_table.py                 # tune, then run the table, seed 0 first
     python benchmarks/real_table.py --groups global --algorithms fedavg --seeds 0
-    python benchmarks/real_table.py --report                   # table and figure from the CSVs
+    python benchmarks/real_table.py --report                   # tables and figure from the CSVs
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import signal
 import sys
 import time
@@ -46,6 +54,7 @@ from benchmark_tables import plot_mean_band, run_result
 from fedray import load_config
 from fedray.runtime import resume_experiment, run_experiment
 from fedray.tracking import read_metrics
+from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 100
@@ -103,7 +112,21 @@ GROUPS: dict[str, dict[str, Any]] = {
         "also": [],
     },
 }
-RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "metric", "final", "best", "rounds",
+# Tuning (run first, `--tune`): one sweep per algorithm in tune_configs/fmnist/, ranked on a validation
+# split; the table then uses each sweep's best values (docs/results_fmnist_tuning.csv).
+SWEEPS = REPO / "tune_configs" / "fmnist"
+TUNING_CSV = REPO / "docs" / "results_fmnist_tuning.csv"
+TUNING_FIELDS = ["sweep", "trial_id", "hyperparameters", "status", "rounds", "metric", "best_metric", "best_round", "chosen"]
+# Table name -> (sweep whose best values it takes, the keys it takes; None: all swept keys). A variant
+# keeps the key that defines it (FedRCL's β = 0, local SSL's μ = 0); the personalised FedAvg row
+# takes FedAvg's learning rate, tuned on the global validation accuracy.
+TUNED_FROM = {
+    "fedrcl_beta0": ("fedrcl", ["train.lr"]),
+    "fedskc_stabilised": ("fedskc", None),
+    "hetero_ssfl_local": ("hetero_ssfl", ["train.lr"]),
+    "hetero_ssfl_debiased": ("hetero_ssfl", None),
+}
+RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "hyperparameters", "metric", "final", "best", "rounds",
                  "seconds", "seconds_per_round", "personal_accuracy_std_final",
                  "personal_accuracy_std_at_best"]
 CURVE_FIELDS = ["group", "algorithm", "setting", "seed", "round", "value"]
@@ -111,11 +134,36 @@ TABLE_START = "<!-- table: generated by `python benchmarks/real_table.py --repor
 TABLE_END = "<!-- end of generated table -->"
 
 
-def config_for(algorithm: str, setting: str, seed: int, extra: list[str]):
+def tuned_overrides(algorithm: str, tuning: list[dict[str, str]]) -> list[str]:
+    """The overrides of the tuned values ``algorithm`` takes from its sweep's chosen trial (none
+    before that sweep has run)."""
+    sweep, keys = TUNED_FROM.get(algorithm, (VARIANTS.get(algorithm, (algorithm,))[0], None))
+    chosen = [row for row in tuning if row["sweep"] == sweep and row["chosen"] == "True"]
+    if not chosen:
+        return []
+    values = json.loads(chosen[0]["hyperparameters"])
+    return [f"{key}={value}" for key, value in values.items() if keys is None or key in keys]
+
+
+def config_for(algorithm: str, setting: str, seed: int, extra: list[str], tuning: list[dict[str, str]]):
+    """The protocol, the setting, the tuned values, then the variant's own keys (they win)."""
     base, variant_overrides = VARIANTS.get(algorithm, (algorithm, []))
     path = REPO / "examples" / f"{base}_digits.yaml"
-    overrides = PROTOCOL + SETTINGS[setting] + variant_overrides + [f"seed={seed}"] + extra
+    overrides = PROTOCOL + SETTINGS[setting] + tuned_overrides(algorithm, tuning) + variant_overrides + [f"seed={seed}"] + extra
     return load_config(path, overrides)
+
+
+def hyperparameters(config: Any, algorithm: str) -> str:
+    """The tuned keys' values in ``config`` as JSON (the CSV's ``hyperparameters``): an entry whose
+    values differ from the current tuning is stale and runs again."""
+    sweep = TUNED_FROM.get(algorithm, (VARIANTS.get(algorithm, (algorithm,))[0],))[0]
+    keys = load_sweep(SWEEPS / f"{sweep}.yaml").space
+    flat = config.to_dict()
+    values = {}
+    for key in keys:
+        section, _, name = key.partition(".")
+        values[key] = flat[section][name]
+    return json.dumps(values, sort_keys=True)
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -125,21 +173,37 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def append_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
-    new = not path.is_file()
+def write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` to ``path`` whole (through a temporary file, so an interruption keeps the old one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as handle:
+    partial = path.with_suffix(path.suffix + ".partial")
+    with open(partial, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-        if new:
-            writer.writeheader()
+        writer.writeheader()
         writer.writerows(rows)
+    partial.replace(path)
 
 
-def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Path, extra: list[str]) -> dict[str, Any]:
-    """Run (or resume, or just read back) one entry in ``runs_dir/<algorithm>-<setting>-s<seed>``."""
+def replace_entry(path: Path, fields: list[str], entry: tuple[str, str, str, int], rows: list[dict[str, Any]]) -> None:
+    """Put ``rows`` in place of the rows of ``entry`` (group, algorithm, setting, seed) in ``path``."""
+    kept = [r for r in read_csv(path) if entry_key(r) != entry]
+    write_csv(path, fields, kept + rows)
+
+
+def entry_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    return row["group"], row["algorithm"], row["setting"], int(row["seed"])
+
+
+def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Path, extra: list[str],
+              tuning: list[dict[str, str]]) -> dict[str, Any]:
+    """Run (or resume, or just read back) one entry in ``runs_dir/<group>-<algorithm>-<setting>-s<seed>``.
+    A run directory left by another config (an earlier tuning) is started again from scratch."""
     spec = GROUPS[group]
-    config = config_for(algorithm, setting, seed, extra)
+    config = config_for(algorithm, setting, seed, extra, tuning)
     run_dir = runs_dir / f"{group}-{algorithm}-{setting}-s{seed}"
+    if (run_dir / "config.yaml").is_file() and load_config(run_dir / "config.yaml").to_dict() != config.to_dict():
+        print(f"{run_dir} was run with other hyperparameters: starting it again", file=sys.stderr)
+        shutil.rmtree(run_dir)
     summary_file = run_dir / "summary.json"
     started = time.perf_counter()
     finished = summary_file.is_file() and json.loads(summary_file.read_text()).get("rounds") == config.train.rounds
@@ -152,41 +216,103 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
     seconds = json.loads(summary_file.read_text()).get("seconds", time.perf_counter() - started)
     result = run_result(run_dir, spec["metric"], spec["also"])
     return {
-        "group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "metric": spec["metric"],
+        "group": group, "algorithm": algorithm, "setting": setting, "seed": seed,
+        "hyperparameters": hyperparameters(config, algorithm), "metric": spec["metric"],
         "rounds": config.train.rounds, "seconds": round(seconds, 1),
         "seconds_per_round": round(seconds / config.train.rounds, 2), **result,
     }
 
 
 def planned(groups: list[str], algorithms: list[str] | None, seeds: list[int]) -> list[tuple[str, str, str, int]]:
-    """(group, algorithm, setting, seed) in run order: group by group, seed by seed, algorithm by
-    algorithm, setting by setting."""
+    """(group, algorithm, setting, seed) in run order: seed by seed, and within a seed every group's
+    first setting (the strong-skew one most papers' claims are about) before any group's second, so
+    that a partial run already checks each paper's main claim on one seed."""
     order = []
-    for group in groups:
-        spec = GROUPS[group]
-        for seed in seeds:
-            for algorithm in spec["algorithms"]:
-                if algorithms is None or algorithm in algorithms:
-                    order += [(group, algorithm, setting, seed) for setting in spec["settings"]]
+    for seed in seeds:
+        for setting_index in range(max(len(spec["settings"]) for spec in GROUPS.values())):
+            for group in groups:
+                spec = GROUPS[group]
+                if setting_index < len(spec["settings"]):
+                    order += [(group, algorithm, spec["settings"][setting_index], seed) for algorithm in spec["algorithms"]
+                              if algorithms is None or algorithm in algorithms]
     return order
+
+
+def current_rows(results: list[dict[str, str]], extra: list[str], tuning: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The finished entries whose hyperparameters are today's tuned values (a row written before the
+    CSV recorded them ran with its example's defaults)."""
+    current = []
+    for row in results:
+        group, algorithm, setting, seed = entry_key(row)
+        ran_with = row.get("hyperparameters") or hyperparameters(config_for(algorithm, setting, seed, extra, []), algorithm)
+        if ran_with == hyperparameters(config_for(algorithm, setting, seed, extra, tuning), algorithm):
+            current.append(row)
+    return current
 
 
 def run_all(args: argparse.Namespace) -> None:
     results_csv, curves_csv = args.out.with_suffix(".csv"), args.out.with_name(args.out.stem + "_curves.csv")
-    done = {(r["group"], r["algorithm"], r["setting"], int(r["seed"])) for r in read_csv(results_csv)}
+    tuning = read_csv(TUNING_CSV)
+    done = {entry_key(r) for r in current_rows(read_csv(results_csv), args.extra, tuning)}
     todo = [entry for entry in planned(args.groups, args.algorithms, args.seeds) if entry not in done]
-    print(f"{len(done)} entries done, {len(todo)} to run", file=sys.stderr)
+    print(f"{len(done)} entries done with the current tuning, {len(todo)} to run", file=sys.stderr)
     # SIGTERM stops like Ctrl-C: the current run keeps its last checkpoint and resumes next time.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    for group, algorithm, setting, seed in todo:
-        result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra)
-        append_csv(curves_csv, CURVE_FIELDS, [
+    for entry in todo:
+        group, algorithm, setting, seed = entry
+        result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning)
+        replace_entry(curves_csv, CURVE_FIELDS, entry, [
             {"group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "round": r, "value": v}
             for r, v in result["curve"]
         ])
-        append_csv(results_csv, RESULT_FIELDS, [result])
+        replace_entry(results_csv, RESULT_FIELDS, entry, [result])
         print(f"{group:12s} {algorithm:18s} {setting:8s} seed={seed}  final={result['final']:.4f}  "
               f"best={result['best']:.4f}  ({result['seconds_per_round']:.1f} s/round)", file=sys.stderr, flush=True)
+
+
+def sweep_order() -> list[str]:
+    """Every sweep of tune_configs/fmnist/, in the order their algorithms appear in the table."""
+    order = [TUNED_FROM.get(a, (VARIANTS.get(a, (a,))[0],))[0] for spec in GROUPS.values() for a in spec["algorithms"]]
+    names = {path.stem for path in SWEEPS.glob("*.yaml")}
+    return [name for name in dict.fromkeys(order) if name in names]
+
+
+def tune_all(runs_dir: Path) -> None:
+    """Run every sweep of tune_configs/fmnist/ that has no rows in the tuning CSV yet (continuing an
+    interrupted one), then add its trials to the CSV with the best one ``chosen``."""
+    from fedray.tune import resume_sweep, run_sweep
+    from fedray.tune.results import META_FILE, TRIALS_FILE, read_meta, read_table
+    from fedray.tune.summary import ranked_trials
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for sweep in sweep_order():
+        sweep_file = SWEEPS / f"{sweep}.yaml"
+        if any(row["sweep"] == sweep for row in read_csv(TUNING_CSV)):
+            continue
+        spec = load_sweep(sweep_file)
+        spec.output.dir = str(runs_dir)
+        started = sorted(path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}"))
+        if started and read_meta(started[-1])["status"] == "finished":
+            sweep_dir = started[-1]
+        else:
+            print(f"{'resuming' if started else 'starting'} the {sweep} sweep", file=sys.stderr, flush=True)
+            outcome = resume_sweep(started[-1]) if started else run_sweep(spec)
+            if outcome.status != "finished" or outcome.num_errors:
+                raise RuntimeError(f"the {sweep} sweep did not finish cleanly ({outcome.sweep_dir}); run --tune again to continue it")
+            sweep_dir = outcome.sweep_dir
+        meta = read_meta(sweep_dir)
+        ranked = ranked_trials(read_table(sweep_dir / TRIALS_FILE), meta["mode"])
+        rows = [{
+            "sweep": sweep, "trial_id": trial["trial_id"],
+            "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]
+                                           for key in meta["swept_keys"]}, sort_keys=True),
+            "status": trial["status"], "rounds": int(trial["round"]), "metric": meta["metric"],
+            "best_metric": round(float(trial["best_metric"]), 4), "best_round": int(trial["best_round"]),
+            "chosen": position == 0,
+        } for position, (_, trial) in enumerate(ranked.iterrows())]
+        write_csv(TUNING_CSV, TUNING_FIELDS, read_csv(TUNING_CSV) + rows)
+        print(f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
+              file=sys.stderr, flush=True)
 
 
 def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
@@ -212,10 +338,34 @@ def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[st
     return lines
 
 
-def report(out: Path, seeds_wanted: int, runs_dir: Path) -> None:
-    results = read_csv(out.with_suffix(".csv"))
-    curves = read_csv(out.with_name(out.stem + "_curves.csv"))
-    lines = [TABLE_START, ""]
+def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
+    """The tuning table: each sweep's chosen values and validation score."""
+    lines = [
+        "**Tuning** — each algorithm's sweep (`tune_configs/fmnist/`), ranked by the best validation score over "
+        "20 rounds at Dirichlet α = 0.1; every trial is in `docs/results_fmnist_tuning.csv`:",
+        "",
+        "| sweep | chosen values | validation score | trials: all rounds / stopped at round 10 |",
+        "|---|---|---|---|",
+    ]
+    for sweep in sweep_order():
+        rows = [row for row in tuning if row["sweep"] == sweep]
+        if not rows:
+            lines.append(f"| {sweep} | pending | | |")
+            continue
+        [chosen] = [row for row in rows if row["chosen"] == "True"]
+        values = ", ".join(f"`{key}={value}`" for key, value in json.loads(chosen["hyperparameters"]).items())
+        full = sum(int(row["rounds"]) == max(int(r["rounds"]) for r in rows) for row in rows)
+        lines.append(f"| {sweep} | {values} | {chosen['metric']} {100 * float(chosen['best_metric']):.2f} | "
+                     f"{full} / {len(rows) - full} |")
+    return lines + [""]
+
+
+def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str]) -> None:
+    tuning = read_csv(TUNING_CSV)
+    results = current_rows(read_csv(out.with_suffix(".csv")), extra, tuning)
+    current = {entry_key(row) for row in results}
+    curves = [row for row in read_csv(out.with_name(out.stem + "_curves.csv")) if entry_key(row) in current]
+    lines = [TABLE_START, "", *tuning_lines(tuning)]
     for group, spec in GROUPS.items():
         settings = spec["settings"]
         header = [f"{s} final | {s} best" for s in settings]
@@ -239,8 +389,7 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path) -> None:
     seconds = [float(r["seconds_per_round"]) for r in results]
     if seconds:
         lines.append(f"{len(results)} entries finished; median {np.median(seconds):.1f} s per round on a shared 2-core CPU.")
-    done = {(r["group"], r["algorithm"], r["setting"], int(r["seed"])) for r in results}
-    unfinished = in_progress(runs_dir, done)
+    unfinished = in_progress(runs_dir, current)
     if unfinished:
         lines += ["", "Started, not finished (not in the table; they resume from their last checkpoint):", "", *unfinished]
     lines += ["", TABLE_END]
@@ -298,11 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.report:
         try:
+            tune_all(args.runs_dir.with_name(args.runs_dir.name + "_sweeps"))
             run_all(args)
         except KeyboardInterrupt:
             print("stopped; the same command resumes (finished entries are in the CSV)", file=sys.stderr)
             return 130
-    report(args.out, len(args.seeds), args.runs_dir)
+    report(args.out, len(args.seeds), args.runs_dir, args.extra)
     return 0
 
 

@@ -18,7 +18,7 @@ class Federation:
     def __init__(self, tmp_path, overrides: list[str]) -> None:
         config = load_config(None, ["data.num_clients=6", "train.clients_per_round=3", "train.local_epochs=1", *overrides])
         data = build_federated_dataset(config.data, config.seed)
-        self.worker = ClientWorker(0, config.to_dict(), data, str(tmp_path), use_gpu=False)
+        self.worker = ClientWorker(config.to_dict(), data, str(tmp_path), use_gpu=False)
         self.algorithm = self.worker.algorithm
         self.num_clients = data.num_clients
         self.versions = [NO_STATE] * data.num_clients  # round of each client's stored state

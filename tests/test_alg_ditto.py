@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _worker(overrides: list[str], run_dir: Path) -> ClientWorker:
     config = load_config(None, TINY + overrides)
-    return ClientWorker(0, config.to_dict(), build_federated_dataset(config.data, config.seed), str(run_dir), use_gpu=False)
+    return ClientWorker(config.to_dict(), build_federated_dataset(config.data, config.seed), str(run_dir), use_gpu=False)
 
 
 def test_global_model_is_fedavg_for_any_lambda(tmp_path):

@@ -23,7 +23,7 @@ def results_of(updates: list[tuple[int, ClientUpdate]]) -> RoundResults:
 def make_worker(tmp_path, overrides: list[str]) -> ClientWorker:
     config = load_config(None, ["data.num_clients=6", "train.clients_per_round=3", "train.local_epochs=1"] + overrides)
     data = build_federated_dataset(config.data, config.seed)
-    return ClientWorker(0, config.to_dict(), data, str(tmp_path), use_gpu=False)
+    return ClientWorker(config.to_dict(), data, str(tmp_path), use_gpu=False)
 
 
 def test_fedavg_of_identical_models_is_that_model():

@@ -93,7 +93,7 @@ def test_each_client_keeps_and_reloads_its_own_bn(fedbn_run, tmp_path):
     ])
     states = [run.client_state(c)["personal"] for c in range(run.num_clients)]
     assert not torch.equal(states[0][mean_positions], states[1][mean_positions])
-    fresh = ClientWorker(1, run.config.to_dict(), build_federated_dataset(run.config.data, run.config.seed), str(run.run_dir), use_gpu=False)
+    fresh = ClientWorker(run.config.to_dict(), build_federated_dataset(run.config.data, run.config.seed), str(run.run_dir), use_gpu=False)
     broadcast = algorithm.broadcast(run.state, 3)
     for client_id in (0, 1):
         for worker in (run.workers[0], fresh):

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _setup(overrides: list[str], run_dir: Path):
     config = load_config(None, TINY + ["algorithm.name=fedrep", *overrides])
-    worker = ClientWorker(0, config.to_dict(), build_federated_dataset(config.data, config.seed), str(run_dir), use_gpu=False)
+    worker = ClientWorker(config.to_dict(), build_federated_dataset(config.data, config.seed), str(run_dir), use_gpu=False)
     torch.manual_seed(config.seed)
     theta_0 = worker.algorithm.build_model("global")
     return worker, worker.algorithm, worker.algorithm.broadcast(worker.algorithm.init_server_state(theta_0), 1)

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_helpers import CrashAfterRound, comparable_rows
 
 from fedray import load_config
+from fedray.plugins import build_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.runtime.state_store import decode_state
 from fedray.tracking import read_metrics
+
+from e2e_helpers import CrashAfterRound, comparable_rows
+from fault_injection import crash_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -96,9 +99,8 @@ def test_every_client_is_probed_and_no_model_reaches_the_server(baseline):
 
 def test_killed_worker_gives_the_same_federation(baseline, tmp_path):
     config, _, run_dir = baseline
-    faulty = config.model_copy(deep=True)
-    faulty.output.dir = str(tmp_path)
-    run_experiment(faulty, progress=False, fault={"worker": 1, "round": 2})
+    faulty = build_config(config.to_dict(), [f"output.dir={tmp_path}", *crash_overrides("HeteroSSFL", 2, tmp_path / "crashed")])
+    run_experiment(faulty, progress=False)
     assert load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"] == 1
     assert_same_federation(tmp_path / "run", run_dir)
 

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from fedray import load_config
+from fedray.plugins import build_config
 from fedray.runtime import list_checkpoints, load_checkpoint, prepare_data, resume_experiment, run_experiment
 from fedray.runtime.worker import ClientWorker
 from fedray.tracking import read_metrics
 
 from e2e_helpers import CrashAfterRound, comparable_rows
+from fault_injection import crash_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -50,9 +52,8 @@ def fedcosr_run(ray_session, tmp_path_factory):
 def test_killed_worker_gives_identical_personalised_metrics(fedcosr_run, tmp_path):
     """A killed worker's clients are re-run elsewhere with their stored π, own φ and L_Reg."""
     config, run_dir = fedcosr_run
-    faulty = config.model_copy(deep=True)
-    faulty.output.dir = str(tmp_path)
-    run_experiment(faulty, progress=False, fault={"worker": 1, "round": 2})
+    faulty = build_config(config.to_dict(), [f"output.dir={tmp_path}", *crash_overrides("FedCoSR", 2, tmp_path / "crashed")])
+    run_experiment(faulty, progress=False)
     assert load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"] == 1
     assert comparable_rows(read_metrics(tmp_path / "run")) == comparable_rows(read_metrics(run_dir))
     assert comparable_rows(read_metrics(tmp_path / "run", "client")) == comparable_rows(read_metrics(run_dir, "client"))
@@ -80,7 +81,7 @@ def test_reported_metrics_are_the_spec_protocol_on_the_stored_state(fedcosr_run)
     config, run_dir = fedcosr_run
     checkpoint = load_checkpoint(list_checkpoints(run_dir)[-1][1])
     server_state, versions = checkpoint["server_state"], checkpoint["state_versions"]
-    worker = ClientWorker(0, config.to_dict(), prepare_data(config), run_dir, use_gpu=False)  # reads its client state
+    worker = ClientWorker(config.to_dict(), prepare_data(config), run_dir, use_gpu=False)  # reads its client state
     algorithm = worker.algorithm
 
     torch.manual_seed(config.seed)

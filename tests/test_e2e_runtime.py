@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from fedray import load_config
+from fedray.plugins import build_config
 from fedray.runtime import list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 
 from e2e_helpers import CrashAfterRound, final_weights, round_rows, comparable_rows
+from fault_injection import crash_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -68,9 +70,8 @@ def test_one_worker_trains_the_same_model_as_two(baseline, tmp_path):
 
 def test_killed_worker_gives_the_same_final_model(baseline, tmp_path):
     config, _ = baseline
-    faulty = config.model_copy(deep=True)
-    faulty.output.dir = str(tmp_path)
-    run_experiment(faulty, progress=False, fault={"worker": 1, "round": 3})
+    faulty = build_config(config.to_dict(), [f"output.dir={tmp_path}", *crash_overrides("FedProx", 3, tmp_path / "crashed")])
+    run_experiment(faulty, progress=False)
     assert torch.equal(final_weights(tmp_path / "run"), final_weights(f"{config.output.dir}/run"))
     restarts = load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"]
     assert restarts == 1  # the worker really died and was replaced

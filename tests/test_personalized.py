@@ -47,8 +47,8 @@ class InProcessRun:
         self.run_dir = run_dir
         data = build_federated_dataset(self.config.data, self.config.seed)
         self.workers = [
-            ClientWorker(i, self.config.to_dict(), data, str(run_dir), use_gpu=False)
-            for i in range(self.config.resources.num_workers)
+            ClientWorker(self.config.to_dict(), data, str(run_dir), use_gpu=False)
+            for _ in range(self.config.resources.num_workers)
         ]
         self.algorithm = self.workers[0].algorithm
         torch.manual_seed(self.config.seed)

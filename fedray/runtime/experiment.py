@@ -400,7 +400,6 @@ def run_experiment(
     extra_callbacks: list[Callback] = (),
     progress: bool = True,
     placement: tuple[PlacementGroup, int] | None = None,
-    fault: dict[str, int] | None = None,
     warm: WarmServer | None = None,
 ) -> RunSummary:
     """Run (or, with ``resume``, continue) one federated simulation.
@@ -408,8 +407,7 @@ def run_experiment(
     ``placement`` lets a caller that already holds a placement group (a Ray Tune trial) pass it with
     the index of the first worker bundle; otherwise one is reserved here. ``warm``: a server (and
     dataset) kept by such a caller from its previous run with the same resources in that group, see
-    :class:`WarmServer`. ``fault`` injects a worker crash for tests: ``{"worker": i, "round": r}``
-    kills worker ``i`` after its first client of round ``r``.
+    :class:`WarmServer`.
     """
     started = time.perf_counter()
     config = with_absolute_state_dir(validate_plugins(config))
@@ -456,7 +454,7 @@ def run_experiment(
         else:
             # The workers boot (import torch, take their copy of the data) while the server does.
             workers = [
-                start_worker(config, i, data_ref, str(run_dir.resolve()), group, first_worker_bundle, fault, runtime_env)
+                start_worker(config, i, data_ref, str(run_dir.resolve()), group, first_worker_bundle, runtime_env)
                 for i in range(config.resources.num_workers)
             ]
             run.server = ray.remote(Server).options(**server_options).remote(

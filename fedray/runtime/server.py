@@ -44,12 +44,11 @@ def start_worker(
     run_dir: str,
     placement_group: PlacementGroup | None,
     first_worker_bundle: int,
-    fault: dict[str, int] | None = None,
     runtime_env: dict[str, Any] | None = None,
 ) -> Any:
     """Start client worker ``index`` in its bundle of ``placement_group``; returns its actor handle.
-    ``fault`` (tests) is passed on to the worker it names; ``runtime_env`` is for a caller whose own
-    environment the worker would not inherit (the driver's, when the config names user modules)."""
+    ``runtime_env`` is for a caller whose own environment the worker would not inherit (the driver's,
+    when the config names user modules)."""
     resources = config.resources
     options: dict[str, Any] = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
     if placement_group is not None:
@@ -58,11 +57,10 @@ def start_worker(
         )
     if runtime_env is not None:
         options["runtime_env"] = runtime_env
-    worker_fault = fault if fault is not None and fault.get("worker") == index else None
     return (
         ray.remote(ClientWorker)
         .options(**options)
-        .remote(index, config.to_dict(), data, run_dir, resources.gpus_per_worker > 0, worker_fault)
+        .remote(config.to_dict(), data, run_dir, resources.gpus_per_worker > 0)
     )
 
 

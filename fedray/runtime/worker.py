@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import signal
 import warnings
 from typing import Any
 
@@ -67,27 +66,22 @@ def select_device(use_gpu: bool) -> torch.device:
 class ClientWorker:
     def __init__(
         self,
-        worker_index: int,
         config: dict[str, Any],
         data: FederatedDataset,
         run_dir: str,
         use_gpu: bool,
-        fault: dict[str, int] | None = None,
     ) -> None:
-        self.worker_index = worker_index
         keep_freed_memory()  # a setting of the process: once, not on every reset
         self.device = select_device(use_gpu)
         # torch's global RNG as a new process has it: what builds a worker's models draws from it
         self.initial_rng_state = torch.random.get_rng_state()
         self._start_run(config, data, run_dir)
-        self.fault = fault
 
     def reset(self, config: dict[str, Any], data: FederatedDataset, run_dir: str) -> None:
         """Make this worker that of a new run, exactly as if it had just been started for it (see
         ``Server.reset``): new config, data and client state store, no models, the initial RNG."""
         torch.random.set_rng_state(self.initial_rng_state)
         self._start_run(config, data, run_dir)
-        self.fault = None
 
     def _start_run(self, config: dict[str, Any], data: FederatedDataset, run_dir: str) -> None:
         self.config = RunConfig.model_validate(config)
@@ -139,17 +133,11 @@ class ClientWorker:
             mean_client_samples=self.mean_client_samples,
         )
 
-    def _maybe_fail(self, round: int, clients_done: int) -> None:
-        """Fault injection for tests: kill this process (SIGKILL) mid-round."""
-        if self.fault and self.fault["round"] == round and clients_done == 1:
-            logger.warning("fault injection: killing worker %d in round %d", self.worker_index, round)
-            os.kill(os.getpid(), signal.SIGKILL)
-
     # ------------------------------------------------------------------ remote methods
     def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
         """Train the given clients in order and return their reduced updates."""
         partial = PartialResult()
-        for done, (client_id, state_version, checkpoint_versions) in enumerate(tasks, start=1):
+        for client_id, state_version, checkpoint_versions in tasks:
             ctx = self._context(round, client_id, state_version)
             update = self.algorithm.client_update(ctx, broadcast)
             if update.state is not None and not self.algorithm.keeps_client_state:
@@ -157,7 +145,6 @@ class ClientWorker:
             if partial.add(client_id, update) and update.state is not None:
                 self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
                 partial.stateful_clients.append(client_id)
-            self._maybe_fail(round, done)
         return partial.to_cpu()
 
     def evaluate_global(self, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:

@@ -1,0 +1,65 @@
+"""The bookkeeping of benchmarks/real_table.py (Ray-free): which tuned values an entry gets, and which
+finished entries still count after a sweep changes them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import real_table  # noqa: E402
+
+
+def chosen(sweep: str, values: dict) -> dict[str, str]:
+    return {"sweep": sweep, "trial_id": "t0", "hyperparameters": json.dumps(values, sort_keys=True), "chosen": "True"}
+
+
+TUNING = [
+    chosen("fedrcl", {"algorithm.beta": 2.0, "train.lr": 0.1}),
+    chosen("hetero_ssfl", {"algorithm.mu": 2.0, "train.lr": 0.01}),
+    {**chosen("fedavg", {"train.lr": 0.01}), "chosen": "False"},  # a losing trial is never applied
+]
+
+
+def test_an_entry_takes_its_sweeps_chosen_values():
+    config = real_table.config_for("fedrcl", "dir0.1", 0, [], TUNING)
+    assert (config.train.lr, config.algorithm.beta) == (0.1, 2.0)
+    assert real_table.config_for("fedavg", "dir0.1", 0, [], TUNING).train.lr == 0.05  # its example's default
+
+
+def test_a_variant_keeps_the_key_that_defines_it():
+    ablation = real_table.config_for("fedrcl_beta0", "dir0.1", 0, [], TUNING)
+    assert (ablation.train.lr, ablation.algorithm.beta) == (0.1, 0.0)
+    local_ssl = real_table.config_for("hetero_ssfl_local", "dir0.1", 0, [], TUNING)
+    assert (local_ssl.train.lr, local_ssl.algorithm.mu) == (0.01, 0.0)
+    debiased = real_table.config_for("hetero_ssfl_debiased", "dir0.1", 0, [], TUNING)
+    assert (debiased.train.lr, debiased.algorithm.mu) == (0.01, 2.0)
+
+
+def row(algorithm: str, hyperparameters: str | None) -> dict[str, str]:
+    result = {"group": "global", "algorithm": algorithm, "setting": "dir0.1", "seed": "0"}
+    return result if hyperparameters is None else {**result, "hyperparameters": hyperparameters}
+
+
+def test_a_finished_entry_counts_only_with_the_current_tuned_values():
+    old_fedavg = row("fedavg", None)  # written before the CSV recorded values: the example's lr 0.05
+    old_fedrcl = row("fedrcl", None)  # lr 0.05, β 1 by default; the tuning chose lr 0.1, β 2
+    tuned_fedrcl = row("fedrcl", json.dumps({"algorithm.beta": 2.0, "train.lr": 0.1}, sort_keys=True))
+    current = real_table.current_rows([old_fedavg, old_fedrcl, tuned_fedrcl], [], TUNING)
+    assert current == [old_fedavg, tuned_fedrcl]
+
+
+def test_replacing_an_entry_keeps_the_others(tmp_path):
+    path = tmp_path / "results.csv"
+    fields = ["group", "algorithm", "setting", "seed", "final"]
+    real_table.write_csv(path, fields, [{**row("fedavg", None), "final": "0.1"}, {**row("fedprox", None), "final": "0.2"}])
+    real_table.replace_entry(path, fields, ("global", "fedavg", "dir0.1", 0), [{**row("fedavg", None), "final": "0.3"}])
+    assert sorted((r["algorithm"], r["final"]) for r in real_table.read_csv(path)) == [("fedavg", "0.3"), ("fedprox", "0.2")]
+
+
+def test_every_table_algorithm_has_a_sweep():
+    assert set(real_table.sweep_order()) == {path.stem for path in real_table.SWEEPS.glob("*.yaml")}
+    for spec in real_table.GROUPS.values():
+        for algorithm in spec["algorithms"]:
+            real_table.hyperparameters(real_table.config_for(algorithm, spec["settings"][0], 0, [], []), algorithm)
