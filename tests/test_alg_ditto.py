@@ -16,7 +16,8 @@ from fedray.models import get_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from test_personalized import TINY, InProcessRun, simulate
+from federation_helpers import Federation
+from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,7 +67,7 @@ def test_large_lambda_keeps_the_personal_model_on_the_global_model(tmp_path):
     distance of the received w^t, far closer than with λ = 0."""
     gaps = {}
     for mu in (0.0, 1000.0):
-        run = InProcessRun(TINY + ["algorithm.name=ditto", f"algorithm.mu={mu}", "algorithm.personal_lr=5e-4", "algorithm.personal_epochs=3"], tmp_path / str(mu))
+        run = Federation(tmp_path / str(mu), TINY + ["algorithm.name=ditto", f"algorithm.mu={mu}", "algorithm.personal_lr=5e-4", "algorithm.personal_epochs=3"])
         received = run.state["weights"].clone()
         run.run(1)
         gaps[mu] = max(float((run.client_state(c)["personal_model"] - received).abs().max()) for c in range(run.num_clients))
@@ -82,7 +83,7 @@ def test_personal_model_survives_rounds_and_is_what_is_evaluated(tmp_path):
     theta_0 = get_flat_weights(frozen.initial_model)
     assert all(torch.equal(frozen.client_state(c)["personal_model"], theta_0) for c in range(frozen.num_clients))
 
-    run = InProcessRun(TINY + ["algorithm.name=ditto", "algorithm.mu=0"], tmp_path / "run").run(1)
+    run = Federation(tmp_path / "run", TINY + ["algorithm.name=ditto", "algorithm.mu=0"]).run(1)
     after_round_1 = run.client_state(2)["personal_model"]
     fresh = _worker(["algorithm.name=ditto", "algorithm.mu=0"], tmp_path / "run")  # as after a resume
     ctx = fresh._context(2, 2, int(run.versions[2]))

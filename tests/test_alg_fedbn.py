@@ -16,7 +16,8 @@ from fedray.models import build_model, get_flat_weights, state_keys
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from test_personalized import TINY, InProcessRun, simulate
+from federation_helpers import Federation
+from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 RESNET_BN = ["model.name=resnet8", "model.norm=batch"]
@@ -30,7 +31,7 @@ def _model(overrides: list[str]):
 @pytest.fixture(scope="module")
 def fedbn_run(tmp_path_factory):
     """Two rounds of FedBN on resnet8 with BatchNorm, every client every round."""
-    return InProcessRun(TINY + ["algorithm.name=fedbn", *RESNET_BN], tmp_path_factory.mktemp("fedbn")).run(2)
+    return Federation(tmp_path_factory.mktemp("fedbn"), TINY + ["algorithm.name=fedbn", *RESNET_BN]).run(2)
 
 
 def test_batchnorm_entries_are_found_by_module_type():

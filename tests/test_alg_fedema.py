@@ -17,13 +17,14 @@ from fedray import load_config
 from fedray.models import get_flat_weights, num_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE
 
-from test_personalized import TINY, InProcessRun
+from federation_helpers import Federation
+from test_personalized import TINY
 
 REPO = Path(__file__).resolve().parent.parent
 SSL = TINY + ["algorithm.projection_dim=32", "algorithm.hidden_dim=64", "algorithm.probe_epochs=5", "train.momentum=0.9"]
 
 
-class SSLRun(InProcessRun):
+class SSLRun(Federation):
     """The in-process round loop without the personalised evaluation (these methods probe the
     global encoder instead)."""
 
@@ -32,7 +33,7 @@ class SSLRun(InProcessRun):
 
 
 def ssl_run(tmp_path: Path, algorithm: str, rounds: int, extra: list[str] = ()) -> SSLRun:
-    return SSLRun(SSL + [f"algorithm.name={algorithm}", *extra], tmp_path / algorithm).run(rounds)
+    return SSLRun(tmp_path / algorithm, SSL + [f"algorithm.name={algorithm}", *extra]).run(rounds)
 
 
 def start_of_training(run: SSLRun, round: int, client_id: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -76,7 +77,7 @@ def test_ema_weight_rules():
 def test_first_participation_takes_the_global_online_and_target(tmp_path):
     """Property (e): at its first participation a client starts from the global online network and a
     target equal to the global encoder + projector."""
-    run = SSLRun(SSL + ["algorithm.name=fedema"], tmp_path)
+    run = SSLRun(tmp_path, SSL + ["algorithm.name=fedema"])
     online, target, _ = start_of_training(run, 1, 0)
     assert torch.equal(online, run.state["weights"])
     model = run.algorithm.build_model("global")

@@ -17,7 +17,8 @@ from fedray.models import get_flat_weights, num_flat_weights
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from test_personalized import TINY, InProcessRun, simulate
+from federation_helpers import Federation
+from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +76,7 @@ def test_frozen_part_gets_no_gradient():
 def test_head_never_reaches_the_server_and_one_client_gives_its_body(tmp_path):
     """Properties (c) and (d): the sums hold φ only (the encoder); with one client per round the new
     global φ is exactly that client's trained φ."""
-    run = InProcessRun(TINY + ["algorithm.name=fedrep", "algorithm.head_epochs=2", "train.clients_per_round=1"], tmp_path).run(1)
+    run = Federation(tmp_path, TINY + ["algorithm.name=fedrep", "algorithm.head_epochs=2", "train.clients_per_round=1"]).run(1)
     (client_id,) = run.results[0].client_metrics
     results = run.results[0]
     assert set(results.sums) == {"weights", "num_samples"}

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from fedray.algorithms.base import RoundResults
 from fedray.algorithms.personalized import ParameterSplit
 from fedray import load_config
 from fedray.config import ConfigError
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, num_flat_weights
-from fedray.runtime.reduction import merge_partials
-from fedray.runtime.scheduler import assign_clients
-from fedray.seeding import sample_cohort
 from fedray.runtime.state_store import NO_STATE
-from fedray.runtime.worker import ClientWorker
+
+from federation_helpers import Federation
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,76 +32,8 @@ TINY = [
 ]
 
 
-class InProcessRun:
-    """The server's round loop (cohort, per-worker split, reduction, aggregation, personalised
-    evaluation with the next round's broadcast) run in this process on real :class:`ClientWorker`
-    objects, one per ``resources.num_workers``. It records every :class:`RoundResults`: exactly
-    what reaches the server."""
-
-    def __init__(self, overrides: list[str], run_dir: Path) -> None:
-        self.config = load_config(None, overrides)
-        self.run_dir = run_dir
-        data = build_federated_dataset(self.config.data, self.config.seed)
-        self.workers = [
-            ClientWorker(self.config.to_dict(), data, str(run_dir), use_gpu=False)
-            for _ in range(self.config.resources.num_workers)
-        ]
-        self.algorithm = self.workers[0].algorithm
-        torch.manual_seed(self.config.seed)
-        self.initial_model = self.algorithm.build_model("global")
-        self.state = self.algorithm.init_server_state(self.initial_model)
-        self.num_clients = data.num_clients
-        self.client_sizes = data.clients.sizes
-        self.test_sizes = data.client_test.sizes
-        self.versions = np.full(self.num_clients, NO_STATE, dtype=np.int64)
-        self.results: list[RoundResults] = []
-        self.rows: list[dict] = []
-
-    def tasks(self, ids) -> list[tuple[int, int, tuple[int, ...]]]:
-        return [(int(c), int(self.versions[c]), ()) for c in ids]
-
-    def run(self, rounds: int) -> "InProcessRun":
-        for round in range(1, rounds + 1):
-            cfg = self.config
-            cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
-            assignment = assign_clients(
-                cohort, self.client_sizes[cohort].astype(float), len(self.workers), sticky=self.algorithm.keeps_client_state
-            )
-            broadcast = self.algorithm.broadcast(self.state, round)
-            partials = [w.run_clients(round, self.tasks(ids), broadcast) for w, ids in zip(self.workers, assignment) if ids]
-            for partial in partials:
-                self.versions[partial.stateful_clients] = round
-            results = merge_partials(partials)
-            self.results.append(results)
-            self.state, metrics = self.algorithm.aggregate(self.state, round, results)
-            self.rows.append({"round": round, **metrics, **self.personal_metrics(round)})
-        return self
-
-    def client_sums(self, round: int) -> dict[int, dict[str, float]]:
-        """Each client's evaluation sums after ``round``, as the server gathers them."""
-        broadcast = self.algorithm.broadcast(self.state, round + 1)
-        clients = np.flatnonzero(self.test_sizes > 0)
-        per_client = {}
-        for worker, ids in zip(self.workers, assign_clients(clients, self.test_sizes[clients].astype(float), len(self.workers))):
-            per_client.update(worker.evaluate_clients(round, self.tasks(ids), broadcast))
-        return per_client
-
-    def personal_metrics(self, round: int) -> dict[str, float]:
-        """The FedCoSR paper's metrics as PFLlib computes them: Acc = Σ correct / Σ n_test,
-        Std = np.std(per-client acc, ddof=0)."""
-        sums = self.client_sums(round)
-        accuracies = [s["correct"] / s["count"] for s in sums.values()]
-        return {
-            "personal_accuracy": sum(s["correct"] for s in sums.values()) / sum(s["count"] for s in sums.values()),
-            "personal_accuracy_std": float(np.std(accuracies, ddof=0)),
-        }
-
-    def client_state(self, client_id: int) -> dict[str, torch.Tensor]:
-        return self.workers[0].state_store.load(client_id, int(self.versions[client_id]), torch.device("cpu"))
-
-
-def simulate(tmp_path: Path, algorithm: str, rounds: int, extra: list[str] = ()) -> InProcessRun:
-    return InProcessRun(TINY + [f"algorithm.name={algorithm}", *extra], tmp_path / algorithm).run(rounds)
+def simulate(tmp_path: Path, algorithm: str, rounds: int, extra: list[str] = ()) -> Federation:
+    return Federation(tmp_path / algorithm, TINY + [f"algorithm.name={algorithm}", *extra]).run(rounds)
 
 
 # --------------------------------------------------------------------- the split
@@ -222,7 +150,7 @@ def test_personalised_evaluation_uses_the_clients_own_head(tmp_path):
     assert global_correct < sum(s["correct"] for s in sums.values())
 
 
-def _client_test(run: InProcessRun, client_id: int):
+def _client_test(run: Federation, client_id: int):
     ctx = run.workers[0]._context(1, client_id, NO_STATE)
     return ctx.x_test, ctx.y_test
 
@@ -246,7 +174,7 @@ def test_in_process_runs_are_deterministic(tmp_path):
 
 
 def test_local_never_communicates_and_every_client_trains_its_own_model(tmp_path):
-    run = InProcessRun(TINY + ["algorithm.name=local"], tmp_path)
+    run = Federation(tmp_path, TINY + ["algorithm.name=local"])
     initial = {k: v.clone() for k, v in run.state.items()}
     run.run(2)
     assert all(r.sums == {} and r.payloads == {} for r in run.results)
@@ -263,7 +191,7 @@ def test_local_never_communicates_and_every_client_trains_its_own_model(tmp_path
 def test_fedcosr_first_participation_starts_from_theta0_without_mixing(tmp_path):
     """Every client starts round 1 from the same θ_0 (π_0 included), trains on CE only
     (no global centroids yet), does no mixing, and records no contrastive loss."""
-    run = InProcessRun(TINY + ["algorithm.name=fedcosr"], tmp_path)
+    run = Federation(tmp_path, TINY + ["algorithm.name=fedcosr"])
     algorithm = run.algorithm
     broadcast = algorithm.broadcast(run.state, 1)
     theta_0 = get_flat_weights(run.initial_model)
