@@ -173,3 +173,14 @@ def test_an_unreachable_cluster_fails_in_seconds_and_writes_nothing(tmp_path):
         "fedray: cannot reach the Ray cluster at 127.0.0.1:1 (Connection refused within 5 s); is it running?"
     ]
     assert tree(tmp_path) == set()
+
+
+def test_a_bad_config_value_fails_before_torch_is_imported(tmp_path):
+    """The schema is checked before the algorithms' code (and torch) is imported: a typo costs well
+    under a second, not torch's import."""
+    probe = ("import sys\nfrom fedray.cli.main import main\ncode = main(['run', '--set', 'train.lr=nan'])\n"
+             "print(code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr[-2000:])
+    assert "train.lr: Input should be a finite number" in result.stderr

@@ -6,7 +6,7 @@ import argparse
 import os
 import time
 
-from fedray.config import ConfigError
+from fedray.config import ConfigError, load_config_sections
 
 _IMPORTED = time.monotonic()
 
@@ -27,9 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config
-    is validated before Ray is imported or started, so a bad one fails in about a second."""
-    from fedray.plugins import load_config  # the algorithm's and callbacks' keys too; imports torch, not Ray
-
+    is validated before Ray is imported or started: its schema first, before torch is imported (a bad
+    value fails in under a second), then the algorithm's and callbacks' keys, which need their code."""
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
@@ -38,7 +37,10 @@ def run_command(args: argparse.Namespace) -> int:
         before_run = seconds_since_process_start()
         summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
     else:
-        config = load_config(args.config, args.overrides)
+        sections = load_config_sections(args.config, args.overrides)
+        from fedray.plugins import validate_plugins  # imports torch and the algorithms, not Ray
+
+        config = validate_plugins(sections)
         from fedray.runtime import run_experiment
 
         before_run = seconds_since_process_start()
