@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from benchmark_tables import plot_mean_band, run_result
 from fedray import load_config
-from fedray.runtime import resume_experiment, run_experiment
+from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 from fedray.tune import load_sweep
 
@@ -126,7 +127,7 @@ TUNED_FROM = {
     "hetero_ssfl_local": ("hetero_ssfl", ["train.lr"]),
     "hetero_ssfl_debiased": ("hetero_ssfl", None),
 }
-RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "hyperparameters", "metric", "final", "best", "rounds",
+RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "hyperparameters", "metric", "diverged", "final", "best", "rounds",
                  "seconds", "seconds_per_round", "personal_accuracy_std_final",
                  "personal_accuracy_std_at_best"]
 CURVE_FIELDS = ["group", "algorithm", "setting", "seed", "round", "value"]
@@ -211,19 +212,29 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
     summary_file = run_dir / "summary.json"
     started = time.perf_counter()
     finished = summary_file.is_file() and json.loads(summary_file.read_text()).get("rounds") == config.train.rounds
+    diverged = ""
     if not finished:
-        if (run_dir / "config.yaml").is_file():
-            print(f"resuming {run_dir}", file=sys.stderr)
-            resume_experiment(run_dir, progress=False)
-        else:
-            run_experiment(config, run_dir=run_dir, progress=False)
-    seconds = json.loads(summary_file.read_text()).get("seconds", time.perf_counter() - started)
-    result = run_result(run_dir, spec["metric"], spec["also"])
+        try:
+            if (run_dir / "config.yaml").is_file():
+                print(f"resuming {run_dir}", file=sys.stderr)
+                resume_experiment(run_dir, progress=False)
+            else:
+                run_experiment(config, run_dir=run_dir, progress=False)
+        except TrainingDiverged as error:  # a result of these hyperparameters, not a failure of the benchmark
+            diverged = f"diverged in round {error.round}"
+    seconds = json.loads(summary_file.read_text()).get("seconds") if summary_file.is_file() else time.perf_counter() - started
+    try:
+        result = run_result(run_dir, spec["metric"], spec["also"])
+    except ValueError:  # it diverged before its first evaluation
+        if not diverged:
+            raise
+        result = {"final": "", "best": "", "curve": []}
+    rounds = int(diverged.rpartition(" ")[2]) if diverged else config.train.rounds
     return {
         "group": group, "algorithm": algorithm, "setting": setting, "seed": seed,
         "hyperparameters": hyperparameters(config, algorithm), "metric": spec["metric"],
-        "rounds": config.train.rounds, "seconds": round(seconds, 1),
-        "seconds_per_round": round(seconds / config.train.rounds, 2), **result,
+        "rounds": rounds, "seconds": round(seconds, 1), "seconds_per_round": round(seconds / rounds, 2),
+        "diverged": diverged, **result,
     }
 
 
@@ -270,8 +281,9 @@ def run_all(args: argparse.Namespace) -> None:
             for r, v in result["curve"]
         ])
         replace_entry(results_csv, RESULT_FIELDS, entry, [result])
-        print(f"{group:12s} {algorithm:18s} {setting:8s} seed={seed}  final={result['final']:.4f}  "
-              f"best={result['best']:.4f}  ({result['seconds_per_round']:.1f} s/round)", file=sys.stderr, flush=True)
+        outcome = result["diverged"] or f"final={result['final']:.4f}  best={result['best']:.4f}"
+        print(f"{group:12s} {algorithm:18s} {setting:8s} seed={seed}  {outcome}  ({result['seconds_per_round']:.1f} s/round)",
+              file=sys.stderr, flush=True)
 
 
 def sweep_order() -> list[str]:
@@ -301,30 +313,40 @@ def tune_all(runs_dir: Path) -> None:
         else:
             print(f"{'resuming' if started else 'starting'} the {sweep} sweep", file=sys.stderr, flush=True)
             outcome = resume_sweep(started[-1]) if started else run_sweep(spec)
-            if outcome.status != "finished" or outcome.num_errors:
-                raise RuntimeError(f"the {sweep} sweep did not finish cleanly ({outcome.sweep_dir}); run --tune again to continue it")
+            if outcome.status != "finished":  # a trial that diverged (ERROR) is a result: it is never chosen
+                raise RuntimeError(f"the {sweep} sweep did not finish ({outcome.sweep_dir}); run again to continue it")
             sweep_dir = outcome.sweep_dir
         meta = read_meta(sweep_dir)
-        ranked = ranked_trials(read_table(sweep_dir / TRIALS_FILE), meta["mode"])
+        trials = read_table(sweep_dir / TRIALS_FILE)
+        ranked = ranked_trials(trials, meta["mode"])
+        unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored: no metric
         rows = [{
             "sweep": sweep, "trial_id": trial["trial_id"],
             "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]
                                            for key in meta["swept_keys"]}, sort_keys=True),
             "status": trial["status"], "rounds": int(trial["round"]), "metric": meta["metric"],
-            "best_metric": round(float(trial["best_metric"]), 4), "best_round": int(trial["best_round"]),
+            "best_metric": "" if pd.isna(trial["best_metric"]) else round(float(trial["best_metric"]), 4),
+            "best_round": "" if pd.isna(trial["best_round"]) else int(trial["best_round"]),
             "chosen": position == 0,
-        } for position, (_, trial) in enumerate(ranked.iterrows())]
+        } for position, (_, trial) in enumerate(pd.concat([ranked, unranked]).iterrows())]
         write_csv(TUNING_CSV, TUNING_FIELDS, read_csv(TUNING_CSV) + rows)
         print(f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
               file=sys.stderr, flush=True)
 
 
 def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
+    """Mean ± std over the seeds that trained to the end, and how many diverged."""
     if not rows:
         return "pending"
-    values = 100 * np.array([float(r[key]) for r in rows])
-    text = f"{values.mean():.2f} ± {values.std():.2f}" if len(values) > 1 else f"{values[0]:.2f}"
-    return text + (f" ({len(values)}/{seeds_wanted} seeds)" if len(values) < seeds_wanted else "")
+    trained = [r for r in rows if not r.get("diverged")]
+    if trained:
+        values = 100 * np.array([float(r[key]) for r in trained])
+        text = f"{values.mean():.2f} ± {values.std():.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+        if len(trained) < len(rows):
+            text += f" ({len(rows) - len(trained)} diverged)"
+    else:
+        text = "diverged"
+    return text + (f" ({len(rows)}/{seeds_wanted} seeds)" if len(rows) < seeds_wanted else "")
 
 
 def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[str]:
@@ -348,7 +370,7 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
         "**Tuning** — each algorithm's sweep (`tune_configs/fmnist/`), ranked by the best validation score over "
         "20 rounds at Dirichlet α = 0.1; every trial is in `docs/results_fmnist_tuning.csv`:",
         "",
-        "| sweep | chosen values | validation score | trials: all rounds / stopped at round 10 |",
+        "| sweep | chosen values | validation score | trials: all rounds / stopped at round 10 / diverged |",
         "|---|---|---|---|",
     ]
     for sweep in sweep_order():
@@ -358,9 +380,10 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
             continue
         [chosen] = [row for row in rows if row["chosen"] == "True"]
         values = ", ".join(f"`{key}={value}`" for key, value in json.loads(chosen["hyperparameters"]).items())
+        diverged = sum(row["status"] == "ERROR" for row in rows)
         full = sum(int(row["rounds"]) == max(int(r["rounds"]) for r in rows) for row in rows)
         lines.append(f"| {sweep} | {values} | {chosen['metric']} {100 * float(chosen['best_metric']):.2f} | "
-                     f"{full} / {len(rows) - full} |")
+                     f"{full} / {len(rows) - full - diverged} / {diverged} |")
     return lines + [""]
 
 
@@ -368,7 +391,8 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str]) -> No
     tuning = read_csv(TUNING_CSV)
     results = current_rows(read_csv(out.with_suffix(".csv")), extra, tuning)
     current = {entry_key(row) for row in results}
-    curves = [row for row in read_csv(out.with_name(out.stem + "_curves.csv")) if entry_key(row) in current]
+    trained = {entry_key(row) for row in results if not row.get("diverged")}
+    curves = [row for row in read_csv(out.with_name(out.stem + "_curves.csv")) if entry_key(row) in trained]
     lines = [TABLE_START, "", *tuning_lines(tuning)]
     for group, spec in GROUPS.items():
         settings = spec["settings"]

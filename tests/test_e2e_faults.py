@@ -23,7 +23,7 @@ import torch
 from fedray.cli.main import main
 from fedray.config import ConfigError
 from fedray import load_config
-from fedray.runtime import CheckpointError, RunError, list_checkpoints, load_checkpoint, resume_experiment, run_experiment
+from fedray.runtime import CheckpointError, RunError, TrainingDiverged, list_checkpoints, load_checkpoint, resume_experiment, run_experiment
 from fedray.runtime.checkpoint import save_checkpoint
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
 from fedray.tracking.atomic import DiskFullError
@@ -196,8 +196,9 @@ def test_damaged_files_on_resume_are_reported_then_the_fallback_resumes(ray_sess
 @pytest.mark.ray
 def test_a_run_whose_every_update_is_excluded_fails(ray_session, tmp_path, tiny_overrides):
     config = load_config(None, tiny_overrides + ["train.lr=1e30", "train.local_epochs=3"])
-    with pytest.raises(RunError, match=r"round 1: all 4 client updates were non-finite .* lower train\.lr \(now 1e\+30\)"):
+    with pytest.raises(TrainingDiverged, match=r"round 1: all 4 client updates were non-finite .* lower train\.lr \(now 1e\+30\)") as raised:
         run_experiment(config, progress=False)
+    assert raised.value.round == 1 and isinstance(raised.value, RunError)  # the CLI prints it as one line, exit 1
     assert read_metrics(tmp_path / "run") == []  # no round was recorded as if it had trained
 
 

@@ -63,3 +63,21 @@ def test_every_table_algorithm_has_a_sweep():
     for spec in real_table.GROUPS.values():
         for algorithm in spec["algorithms"]:
             real_table.hyperparameters(real_table.config_for(algorithm, spec["settings"][0], 0, [], []), algorithm)
+
+
+def test_a_diverged_seed_is_reported_not_averaged():
+    rows = [{"final": "0.80", "diverged": ""}, {"final": "0.90", "diverged": ""}, {"final": "", "diverged": "diverged in round 7"}]
+    assert real_table.cell(rows, "final", 3) == "85.00 ± 5.00 (1 diverged)"
+    assert real_table.cell(rows[2:], "final", 2) == "diverged (1/2 seeds)"
+    assert real_table.cell([], "final", 2) == "pending"
+
+
+def test_the_tuning_table_counts_stopped_and_diverged_trials():
+    def trial(status, rounds, metric, chosen=False):
+        return {"sweep": "fedsc", "hyperparameters": '{"train.lr": 0.2}', "status": status, "rounds": str(rounds),
+                "metric": "test_accuracy", "best_metric": metric, "chosen": str(chosen)}
+
+    tuning = [trial("TERMINATED", 20, "0.8595", chosen=True), trial("TERMINATED", 20, "0.83"),
+              trial("STOPPED_EARLY", 10, "0.65"), trial("ERROR", 0, "")]
+    [line] = [line for line in real_table.tuning_lines(tuning) if line.startswith("| fedsc")]
+    assert line == "| fedsc | `train.lr=0.2` | test_accuracy 85.95 | 2 / 1 / 1 |"

@@ -61,6 +61,14 @@ class RunError(RuntimeError):
     fedray_exit_code = 1  # the CLI prints the message alone and exits with this code
 
 
+class TrainingDiverged(RunError):
+    """Every client update of a round was non-finite: the model is no longer being trained."""
+
+    def __init__(self, message: str, round: int) -> None:
+        super().__init__(message)
+        self.round = round
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the driver; ``message`` says how to resume."""
 
@@ -503,10 +511,11 @@ def check_round(config: RunConfig, row: dict[str, Any]) -> None:
     """Stop a run whose every client update of a round was non-finite: the model is no longer being
     trained, and carrying on would end "successfully" with an untrained model."""
     if row["clients"] > 0 and row["excluded_updates"] >= row["clients"]:
-        raise RunError(
+        raise TrainingDiverged(
             f"round {row['round']}: all {row['clients']} client updates were non-finite (NaN/inf) and excluded, so "
             f"training diverged; start again with a lower train.lr (now {config.train.lr:g}), a train.grad_clip, "
-            "or a smaller algorithm weight"
+            "or a smaller algorithm weight",
+            row["round"],
         )
 
 
