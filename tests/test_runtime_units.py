@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import platform
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from fedray.algorithms.base import ClientUpdate
+from fedray.runtime import TrainingDiverged
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.runtime.scheduler import assign_clients
@@ -139,3 +141,10 @@ def test_worker_reuses_freed_memory_instead_of_faulting_it_in_again():
     default, kept = map(int, output.split())
     assert default >= 16_000  # glibc unmaps the block on free: its 16,384 pages fault in again
     assert kept < 1_000
+
+
+def test_training_diverged_keeps_its_round_through_pickling():
+    """Ray pickles a trial's exception out of the trial process (a diverged Tune trial)."""
+    error = pickle.loads(pickle.dumps(TrainingDiverged("round 3: all 10 client updates were non-finite", 3)))
+    assert isinstance(error, TrainingDiverged) and error.round == 3
+    assert str(error) == "round 3: all 10 client updates were non-finite"

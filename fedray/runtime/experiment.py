@@ -68,6 +68,9 @@ class TrainingDiverged(RunError):
         super().__init__(message)
         self.round = round
 
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # Ray pickles it out of a Tune trial
+        return type(self), (str(self), self.round)
+
 
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the driver; ``message`` says how to resume."""
