@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import shutil
 import signal
@@ -159,13 +160,18 @@ def config_for(algorithm: str, setting: str, seed: int, extra: list[str], tuning
     return load_config(path, overrides)
 
 
+@functools.cache
+def swept_keys(sweep: str) -> tuple[str, ...]:
+    """The keys sweep ``sweep`` tunes (loading a sweep validates every trial shape: once per sweep)."""
+    return tuple(load_sweep(SWEEPS / f"{sweep}.yaml").space)
+
+
 def hyperparameters(config: Any, algorithm: str) -> str:
     """The tuned keys' values in ``config`` as JSON (the CSV's ``hyperparameters``): an entry whose
     values differ from the current tuning is stale and runs again."""
-    keys = load_sweep(SWEEPS / f"{tuning_source(algorithm)[0]}.yaml").space
     flat = config.to_dict()
     values = {}
-    for key in keys:
+    for key in swept_keys(tuning_source(algorithm)[0]):
         section, _, name = key.partition(".")
         values[key] = flat[section][name]
     return json.dumps(values, sort_keys=True)
@@ -212,7 +218,7 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
     summary_file = run_dir / "summary.json"
     started = time.perf_counter()
     finished = summary_file.is_file() and json.loads(summary_file.read_text()).get("rounds") == config.train.rounds
-    diverged = ""
+    diverged_round = None
     if not finished:
         try:
             if (run_dir / "config.yaml").is_file():
@@ -221,20 +227,20 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
             else:
                 run_experiment(config, run_dir=run_dir, progress=False)
         except TrainingDiverged as error:  # a result of these hyperparameters, not a failure of the benchmark
-            diverged = f"diverged in round {error.round}"
+            diverged_round = error.round
     seconds = json.loads(summary_file.read_text()).get("seconds") if summary_file.is_file() else time.perf_counter() - started
     try:
         result = run_result(run_dir, spec["metric"], spec["also"])
     except ValueError:  # it diverged before its first evaluation
-        if not diverged:
+        if diverged_round is None:
             raise
         result = {"final": "", "best": "", "curve": []}
-    rounds = int(diverged.rpartition(" ")[2]) if diverged else config.train.rounds
+    rounds = config.train.rounds if diverged_round is None else diverged_round
     return {
         "group": group, "algorithm": algorithm, "setting": setting, "seed": seed,
         "hyperparameters": hyperparameters(config, algorithm), "metric": spec["metric"],
         "rounds": rounds, "seconds": round(seconds, 1), "seconds_per_round": round(seconds / rounds, 2),
-        "diverged": diverged, **result,
+        "diverged": "" if diverged_round is None else f"diverged in round {diverged_round}", **result,
     }
 
 
