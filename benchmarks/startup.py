@@ -5,10 +5,11 @@ For each side: the time to its first round, from the process's start (interprete
 Ray and the actors included), and its end to end (from spawning the process to its exit, teardown
 included). fedray's first round is the one the CLI prints ("first round after X s"); the plain loop
 reports the same figure with the same clock. Both run with the real interpreter (not a shim), the
-sides alternate, and each figure is the median of --repeats runs. Each side's CPU seconds (all its
-processes that were reaped: a lower bound) divided by the machine's cores bound its end to end from
-below, whatever overlaps: ``ratio_end_to_end_cpu_floor`` is that bound for fedray over the plain
-loop's end to end.
+sides alternate, and each figure is the median of --repeats runs. Each side's CPU seconds (its
+process tree sampled from ``/proc``, see :class:`TreeCPU`: a lower bound) up to its first round and
+to its end, divided by the machine's cores, bound fedray's times from below whatever overlaps:
+``ratio_first_round_cpu_floor`` and ``ratio_end_to_end_cpu_floor`` are those bounds over the plain
+loop's times.
 
 Targets (issue 18): first round <= 2x the plain loop's, end to end <= 1.5x.
 
