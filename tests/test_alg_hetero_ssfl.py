@@ -114,6 +114,21 @@ def test_architecture_assignment_rules():
     assert keys == ["cnn_small_w8_0", "cnn_small_w8_1", "resnet8", "cnn_small_w16_p4"]
 
 
+def test_probe_clients_is_a_seeded_sample_fixed_for_the_run_and_spread_over_architectures():
+    every = Federation("algorithm.arch_assignment=blocks").algorithm  # clients 0-5: w8, 6-11: w16
+    assert every.evaluation_clients(12) == list(range(12))  # the paper's protocol by default
+    sampled = Federation("algorithm.arch_assignment=blocks", "algorithm.probe_clients=4").algorithm
+    chosen = sampled.evaluation_clients(12)
+    assert len(chosen) == 4 and len(set(chosen)) == 4 and chosen == sorted(chosen)
+    assert chosen == sampled.evaluation_clients(12)  # the same clients at every evaluation
+    assert sum(c < 6 for c in chosen) == 2  # two of each architecture, although blocks put them apart
+    other_seed = Federation("algorithm.arch_assignment=blocks", "algorithm.probe_clients=4", "seed=1").algorithm
+    assert other_seed.evaluation_clients(12) != chosen
+    assert Federation("algorithm.probe_clients=40").algorithm.evaluation_clients(12) == list(range(12))
+    with pytest.raises(ConfigError, match=r"algorithm\.probe_clients"):
+        load_config(None, TINY + ["algorithm.probe_clients=0"])
+
+
 def test_p17_clients_of_different_architectures_federate_in_one_round():
     archs = "[{name: cnn_small, width: 8}, {name: cnn_small, width: 16, projection_dim: 16}, {name: resnet8}]"
     federation = Federation(f"algorithm.architectures={archs}", "train.batch_size=64")

@@ -13,7 +13,8 @@ on a RAD mini-batch I per local step (not the whole RAD per epoch as in Alg. 1: 
 through all L images is infeasible), both b×b blocks centred with their own H_b. After local
 training each client uploads only ``A_k = Φ_k(X)`` (L × d_k, eval mode, no augmentation); the
 server keeps the last upload of every client and forms ``K̄ = Σ_j w_j A_j A_jᵀ`` (Alg. 1),
-broadcast once per round. Evaluation is a linear probe on every client's frozen encoder:
+broadcast once per round. Evaluation is a linear probe on every client's frozen encoder (or on
+``algorithm.probe_clients`` of them, a seeded sample fixed for the run, when probing all is too slow):
 ``probe_accuracy`` (mean over clients, also reported as ``test_accuracy``) and
 ``probe_accuracy_<architecture>`` (mean over that architecture's clients, Table 4).
 
@@ -82,7 +83,7 @@ from fedray.models import FedModel, get_flat_weights, set_flat_weights
 from fedray.seeding import derive_seed
 
 # Random streams of their own, so that none of these draws shifts the clients' data order or augmentations.
-_RAD_STREAM, _INIT_STREAM, _ARCH_STREAM, _RAD_ORDER_STREAM = 0x4144, 0x494E, 0x4152, 0x4F52
+_RAD_STREAM, _INIT_STREAM, _ARCH_STREAM, _RAD_ORDER_STREAM, _PROBE_STREAM = 0x4144, 0x494E, 0x4152, 0x4F52, 0x5042
 
 
 class HeteroSSFLParams(SSLParams):
@@ -98,6 +99,10 @@ class HeteroSSFLParams(SSLParams):
     client_weights: Literal["uniform", "by_samples"] = "uniform"
     align_start_round: int = Field(2, ge=2, description="first round with the alignment term (no K̄(0))")
     consensus_form: Literal["kernel", "factor"] = "kernel"
+    probe_clients: int | None = Field(
+        None, gt=0, description="clients linear-probed at each evaluation: a seeded sample fixed for the run, "
+        "spread evenly over the architectures (None: every client, the paper's protocol)"
+    )
 
 
 def architecture_keys(architectures: list[ModelConfig]) -> list[str]:
@@ -247,7 +252,19 @@ class HeteroSSFL(SiameseAlgorithm):
 
     # ----------------------------------------------------------------- evaluation
     def evaluation_clients(self, num_clients: int) -> list[int]:
-        return list(range(num_clients))
+        """Every client, or ``probe_clients`` of them: a seeded permutation taken one client of each
+        architecture at a time, so that every architecture's mean has clients while there are enough."""
+        if self.params.probe_clients is None or self.params.probe_clients >= num_clients:
+            return list(range(num_clients))
+        order = np.random.default_rng(derive_seed(self.config.seed, _PROBE_STREAM)).permutation(num_clients)
+        seen_per_architecture = np.zeros(len(self.arch_keys), dtype=int)
+        rank_in_architecture = np.empty(num_clients, dtype=int)
+        for client_id in order:
+            architecture = self.client_arch[client_id]
+            rank_in_architecture[client_id] = seen_per_architecture[architecture]
+            seen_per_architecture[architecture] += 1
+        balanced = sorted(order, key=lambda client_id: rank_in_architecture[client_id])  # stable: keeps the permutation's order
+        return sorted(int(c) for c in balanced[: self.params.probe_clients])
 
     def evaluate_on_test_set(
         self, ctx: ClientContext, broadcast: Broadcast, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]
