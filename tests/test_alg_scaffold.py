@@ -11,7 +11,7 @@ from fedray.algorithms import RoundResults
 from fedray.algorithms.scaffold import effective_local_steps
 from fedray.config import ConfigError
 from fedray import load_config
-from fedray.models import get_flat_weights, set_flat_weights
+from fedray.models import set_flat_weights
 from fedray.models.weights import parameter_mask, parameter_views
 
 from federation_helpers import Federation

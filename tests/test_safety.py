@@ -80,6 +80,10 @@ def test_local_ray_is_a_new_instance_without_a_dashboard(captured_ray_init):
     assert kwargs["address"] == "local"  # never another Ray of the machine, found in /tmp/ray
     assert kwargs["include_dashboard"] is False
     assert kwargs["dashboard_host"] == "127.0.0.1"
+    # One process per worker and one for the server boot with Ray (importing torch), none after it.
+    workers = load_config().resources.num_workers
+    assert kwargs["num_cpus"] >= workers + 1
+    assert kwargs["_system_config"]["worker_maximum_startup_concurrency"] == workers + 1
 
 
 def test_inside_a_ray_job_the_run_joins_the_cluster(captured_ray_init, monkeypatch):

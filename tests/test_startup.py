@@ -121,3 +121,46 @@ def test_the_process_age_counts_from_the_process_start():
     assert second - first >= 0.04
     # pytest started and collected tests well before it imported this module
     assert first > time.monotonic() - MODULE_IMPORTED + 0.1
+
+
+def test_client_sgd_steps_exactly_like_torch_sgd():
+    """Momentum, weight decay, a frozen parameter and a layer without a gradient for some steps."""
+    import torch
+
+    from fedray.algorithms.local import ClientSGD
+
+    def train(make_optimizer) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3), torch.nn.Linear(3, 2))
+        model[0].bias.requires_grad_(False)
+        optimizer = make_optimizer(model.parameters())
+        for step in range(12):
+            head = model[3] if step % 3 else torch.nn.Identity()  # the last layer gets no gradient in every third step
+            loss = head(model[:3](torch.randn(4, 5))).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    ours = train(lambda parameters: ClientSGD(parameters, lr=0.1, momentum=0.9, weight_decay=5e-4))
+    theirs = train(lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9, weight_decay=5e-4))
+    assert all(torch.isfinite(a).all() and torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert not torch.equal(ours[0], train(lambda parameters: ClientSGD(parameters, lr=0.1, momentum=0.0, weight_decay=0.0))[0])
+
+
+def test_a_client_update_does_not_import_torch_dynamo(tmp_path):
+    """torch.optim optimisers import torch._dynamo (~1.5 CPU-s per worker process); SGD clients do not."""
+    import subprocess
+
+    probe = textwrap.dedent(
+        """
+        import sys
+        from tests.federation_helpers import Federation
+        Federation(sys.argv[1], ["train.optimizer=sgd", "train.momentum=0.9"]).run_round(1)
+        print("torch._dynamo" in sys.modules)
+        """
+    )
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=repository)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "False"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+from torch.optim.sgd import sgd
 
 from fedray.algorithms.base import ClientContext, Tensor
 from fedray.config import TrainConfig
@@ -17,11 +18,40 @@ from fedray.config import TrainConfig
 LossFn = Callable[[Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
 
 
-def make_optimizer(parameters: Iterable[torch.nn.Parameter], train: TrainConfig, lr: float) -> torch.optim.Optimizer:
+class ClientSGD:
+    """``torch.optim.SGD(lr, momentum, weight_decay)``'s update, bit for bit, through PyTorch's
+    functional ``torch.optim.sgd.sgd``; only ``zero_grad`` and ``step``.
+
+    Why not ``torch.optim.SGD`` itself: every ``torch.optim.Optimizer`` imports ``torch._dynamo`` the
+    first time one is built in a process (``add_param_group`` is wrapped in ``torch._disable_dynamo``).
+    That import costs ~1.5 CPU-seconds in every worker process, at the worst moment: the first round,
+    while the other processes of a run are still starting (benchmarks/startup.py)."""
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], lr: float, momentum: float, weight_decay: float) -> None:
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.momentum_buffers: list[Tensor | None] = [None] * len(self.parameters)  # created by the first step
+
+    def zero_grad(self) -> None:
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Parameters without a gradient this step are skipped, their momentum kept, as in torch.optim.SGD."""
+        stepped = [i for i, p in enumerate(self.parameters) if p.grad is not None]
+        buffers = [self.momentum_buffers[i] for i in stepped]
+        sgd([self.parameters[i] for i in stepped], [self.parameters[i].grad for i in stepped], buffers,
+            weight_decay=self.weight_decay, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=False, maximize=False)
+        for i, buffer in zip(stepped, buffers):  # sgd() puts a new buffer in the list on a first step
+            self.momentum_buffers[i] = buffer
+
+
+def make_optimizer(parameters: Iterable[torch.nn.Parameter], train: TrainConfig, lr: float) -> ClientSGD | torch.optim.Adam:
     """The client optimiser named by ``train.optimizer`` (fresh per client: no state leaks between clients)."""
     if train.optimizer == "adam":
         return torch.optim.Adam(parameters, lr=lr, weight_decay=train.weight_decay)
-    return torch.optim.SGD(parameters, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    return ClientSGD(parameters, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 def local_train(
@@ -43,7 +73,7 @@ def local_train(
     steps = 0
     for x, y in ctx.batches(epochs):
         loss, terms = loss_fn(x, y)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         loss.backward()
         if ctx.train.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(parameters, ctx.train.grad_clip)

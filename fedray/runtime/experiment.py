@@ -53,6 +53,9 @@ CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 CONNECT_TIMEOUT_S = 5.0  # to reach a cluster's address before handing it to ray.init, which waits minutes
 MAX_LOCAL_OVERSUBSCRIPTION = 4  # a local run may reserve at most this many logical CPUs per real one
+# Ray kills a worker process that idles longer than this (its default is 1 s). The ones it boots for a
+# new local Ray must live until the driver has put the dataset and created the actors.
+IDLE_WORKER_LIFETIME_MS = 60_000
 
 
 class RunError(RuntimeError):
@@ -287,7 +290,11 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
     A local Ray starts without Ray's dashboard and job server; Ray >= 2.59 protects a local Ray's
     ports with token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md). Its worker
     processes import the server's and workers' module (torch, the algorithms) as they start, before
-    they are given an actor: Ray starts one per CPU with the instance, so they do it during ``ray.init``.
+    they are given an actor. Ray starts min(CPUs, ``worker_maximum_startup_concurrency``) of them when
+    the driver connects, so both are raised to one process per worker plus the server's: all of them
+    boot during ``ray.init``, none on demand after it, and none is killed for idling
+    (``IDLE_WORKER_LIFETIME_MS``) before the actors arrive. The three keys of ``_system_config`` are
+    Ray system settings (``ray_config_def.h``), not documented arguments of ``ray.init``.
     """
     if ray.is_initialized():
         return 0.0
@@ -300,13 +307,18 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
         else:
             resources = config.resources
             needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+            processes = resources.num_workers + 1  # the workers' and the server's
             ray.init(
                 address="local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
-                num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed))),
+                num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed)), processes),
                 include_dashboard=False,
                 dashboard_host="127.0.0.1",
                 log_to_driver=True,
-                _system_config={"preload_python_modules": [Server.__module__]},
+                _system_config={
+                    "preload_python_modules": [Server.__module__],
+                    "worker_maximum_startup_concurrency": processes,
+                    "idle_worker_killing_time_threshold_ms": IDLE_WORKER_LIFETIME_MS,
+                },
             )
     except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
         raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {_first_line(error)}") from None
