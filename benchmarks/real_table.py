@@ -81,19 +81,21 @@ SETTINGS = {
     "pdir0.1": ["data.partition=dirichlet", "data.alpha=0.1",
                 "data.client_test_fraction=0.25", "eval.personalized=true"],
 }
+# 20 probe epochs over a client's ~600 Fashion-MNIST images (the digits examples use 300 over ~70).
+# Hetero-SSFL probes 10 of its 100 clients (a seeded sample): probing all 100 encoders on 54,000
+# labelled images takes over 6 minutes per evaluation on 2 cores.
+PROBE = ["algorithm.probe_epochs=20"]
+HETERO_SSFL_PROBE = [*PROBE, "algorithm.probe_clients=10"]
 # Table name -> (examples/<base>_digits.yaml, extra overrides).
 VARIANTS = {
     "fedrcl_beta0": ("fedrcl", ["algorithm.beta=0"]),
     # FedSKC with the switches chosen on a digits validation split (docs/results_fmnist.md, "FedSKC"):
     # non-shrinking period review and no 1/U sharpening of LCL; the `fedskc` row keeps the paper's.
     "fedskc_stabilised": ("fedskc", ["algorithm.gpr_mode=residual", "algorithm.u_mode=none"]),
-    # 20 probe epochs over a client's ~600 Fashion-MNIST images (the digits examples use 300 over ~70).
-    # Hetero-SSFL probes 10 of its 100 clients (a seeded sample): probing all 100 encoders on 54,000
-    # labelled images takes over 6 minutes per evaluation on 2 cores.
-    "hetero_ssfl": ("hetero_ssfl", ["algorithm.probe_epochs=20", "algorithm.probe_clients=10"]),
-    "hetero_ssfl_local": ("hetero_ssfl_local", ["algorithm.probe_epochs=20", "algorithm.probe_clients=10"]),
-    "hetero_ssfl_debiased": ("hetero_ssfl_debiased", ["algorithm.probe_epochs=20", "algorithm.probe_clients=10"]),
-    "fedavg_byol": ("fedavg_byol", ["algorithm.probe_epochs=20"]),
+    "hetero_ssfl": ("hetero_ssfl", HETERO_SSFL_PROBE),
+    "hetero_ssfl_local": ("hetero_ssfl_local", HETERO_SSFL_PROBE),
+    "hetero_ssfl_debiased": ("hetero_ssfl_debiased", HETERO_SSFL_PROBE),
+    "fedavg_byol": ("fedavg_byol", PROBE),
 }
 GROUPS: dict[str, dict[str, Any]] = {
     "global": {
