@@ -303,9 +303,10 @@ def sweep_order() -> list[str]:
     return [name for name in dict.fromkeys(order) if name in names]
 
 
-def tune_all(runs_dir: Path) -> None:
+def tune_all(runs_dir: Path, trust_tune_state: bool = False) -> None:
     """Run every sweep of tune_configs/fmnist/ that has no rows in the tuning CSV yet (continuing an
-    interrupted one), then add its trials to the CSV with the best one ``chosen``."""
+    interrupted one), then add its trials to the CSV with the best one ``chosen``. ``trust_tune_state``:
+    see ``fedray tune --resume --trust-tune-state``."""
     from fedray.tune import resume_sweep, run_sweep
     from fedray.tune.results import META_FILE, TRIALS_FILE, read_meta, read_table
     from fedray.tune.spec import SWEEP_FILE
@@ -325,7 +326,7 @@ def tune_all(runs_dir: Path) -> None:
             sweep_dir = started[-1]
         else:
             print(f"{'resuming' if started else 'starting'} the {sweep} sweep", file=sys.stderr, flush=True)
-            outcome = resume_sweep(started[-1]) if started else run_sweep(spec)
+            outcome = resume_sweep(started[-1], trust_tune_state=trust_tune_state) if started else run_sweep(spec)
             if outcome.status != "finished":  # a trial that diverged (ERROR) is a result: it is never chosen
                 raise RuntimeError(f"the {sweep} sweep did not finish ({outcome.sweep_dir}); run again to continue it")
             sweep_dir = outcome.sweep_dir
@@ -485,10 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "real_table",
                         help="run directories (checkpoints of unfinished entries)")
     parser.add_argument("--report", action="store_true", help="only regenerate the table and the figure from the CSVs")
+    parser.add_argument("--trust-tune-state", action="store_true",
+                        help="resume a sweep whose Tune state changed after fedray recorded it (this script was "
+                             "stopped while Tune was saving); only for a sweep folder you trust")
     args = parser.parse_args(argv)
     if not args.report:
         try:
-            tune_all(args.runs_dir.with_name(args.runs_dir.name + "_sweeps"))
+            tune_all(args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
             run_all(args)
         except KeyboardInterrupt:
             print("stopped; the same command resumes (finished entries are in the CSV)", file=sys.stderr)

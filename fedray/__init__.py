@@ -19,7 +19,7 @@ docs/writing_an_algorithm.md.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 __version__ = "0.1.0"
 
@@ -47,19 +47,22 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
-def lazy_attribute(namespace: dict[str, Any], api: dict[str, str], name: str) -> Any:
-    """A package's ``__getattr__``: ``name`` imported from its module in ``api`` and kept in the
-    package's ``namespace`` (so later look-ups skip this function)."""
-    if name in api:
-        value = getattr(importlib.import_module(api[name]), name)
-        namespace[name] = value
-        return value
-    raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+def lazy_exports(namespace: dict[str, Any], api: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` for ``api`` (public name -> the module that defines
+    it): a name is imported on first use and kept in the package's ``namespace`` (so later look-ups
+    skip ``__getattr__``)."""
+
+    def __getattr__(name: str) -> Any:
+        if name in api:
+            value = getattr(importlib.import_module(api[name]), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(namespace["__all__"])
+
+    return __getattr__, __dir__
 
 
-def __getattr__(name: str) -> Any:
-    return lazy_attribute(globals(), _API, name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(globals(), _API)

@@ -1,6 +1,8 @@
-"""Bad inputs to the ``fedray`` command: each exits with code 2 before Ray starts, with one line of
-error (after the ``invalid config:`` header where the message has one), no traceback, and nothing
-written (no run directory).
+"""Bad inputs to the ``fedray`` command: each exits with code 2 before the run starts, with one line
+of error (after the ``invalid config:`` header where the message has one), no traceback, and nothing
+written (no run directory). A value the schema refuses stops the command before Ray is imported; the
+checks that need the algorithm's code or the data run while a local Ray starts in the background,
+which is then stopped without printing anything (tests/test_ray_start.py).
 
 Keep this table growing: every bad input found in the wild gets a row. Each row runs the real CLI in
 a subprocess in a fresh directory; ``files`` are written there first.
@@ -82,7 +84,7 @@ CASES = [
     ("resume-not-a-run", ["run", "--resume", "nowhere"], {}, "nowhere is not a fedray run directory"),
     ("resume-with-overrides", ["run", "--resume", "x", "--set", "seed=1"], {}, "--resume takes the run directory only"),
     ("submit-bad-config", ["submit", "--address", "http://127.0.0.1:1", "--", "run", "--set", "seed=-1"], {}, "seed: Input should be"),
-    # --- checks that need the data (digits loads in a second; still before Ray)
+    # --- checks that need the data (digits loads in a second; a local Ray is starting meanwhile)
     ("test-fraction-leaves-nothing", ["run", "--set", "data.test_fraction=0.999"], {}, "data: The train_size = 1"),
     ("model-too-big-for-data", ["run", "--set", "model.name=cnn_cifar"], {}, "model.name: cnn_cifar needs image_size >= 16, got 8 (data.name=digits has 1×8×8 images)"),
     ("more-classes-than-data", ["run", "--set", "data.partition=shards", "--set", "data.classes_per_client=20"], {}, "data.classes_per_client: 20 is more than the 10 classes of digits"),

@@ -8,7 +8,7 @@ import torch
 from fedray.config import ConfigError
 from fedray import load_config
 from fedray.runtime import CheckpointError, load_checkpoint
-from fedray.runtime import experiment
+from fedray.runtime import ray_start
 from fedray.runtime.checkpoint import save_checkpoint
 from fedray.runtime.state_store import ClientStateError, ClientStateStore, encode_state
 
@@ -68,14 +68,14 @@ def test_client_state_with_a_pickled_object_is_not_executed(tmp_path):
 @pytest.fixture
 def captured_ray_init(monkeypatch):
     calls = []
-    monkeypatch.setattr(experiment.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(experiment.ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray_start.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_start.ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return calls
 
 
 def test_local_ray_is_a_new_instance_without_a_dashboard(captured_ray_init):
-    experiment.ensure_ray(None, load_config())
+    ray_start.ensure_ray(None, load_config())
     [kwargs] = captured_ray_init
     assert kwargs["address"] == "local"  # never another Ray of the machine, found in /tmp/ray
     assert kwargs["include_dashboard"] is False
@@ -88,7 +88,7 @@ def test_local_ray_is_a_new_instance_without_a_dashboard(captured_ray_init):
 
 def test_inside_a_ray_job_the_run_joins_the_cluster(captured_ray_init, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what Ray sets for a job's entrypoint
-    experiment.ensure_ray(None, load_config())
+    ray_start.ensure_ray(None, load_config())
     [kwargs] = captured_ray_init
     assert kwargs["address"] == "10.0.0.1:6379"
     assert "num_cpus" not in kwargs  # Ray refuses resource arguments when joining a cluster

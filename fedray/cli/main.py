@@ -60,15 +60,15 @@ def entry_point() -> NoReturn:
 
     When a command returns, its files are written and closed. What is left is Ray's shutdown, which
     Ray's own exit hook starts with a 0.5 s pause, and the interpreter's teardown of torch and Ray,
-    about 1 s on 2 cores (benchmarks/startup.py). Ray is shut down here, without the pause, and the
-    teardown is skipped: the process ends with ``os._exit``. An unexpected exception still exits
+    about 1 s on 2 cores (benchmarks/startup.py). Ray is shut down here, without the pause (and
+    without its monitor's 1 s, see :func:`~fedray.runtime.ray_start.shutdown_ray`), and the teardown
+    is skipped: the process ends with ``os._exit``. An unexpected exception still exits
     normally, with its traceback."""
     code = main()
     if "ray" in sys.modules:
-        import ray
+        from fedray.runtime.ray_start import shutdown_ray
 
-        if ray.is_initialized():
-            ray.shutdown()
+        shutdown_ray()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -26,9 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config
-    is validated before Ray is imported or started: its schema first, before torch is imported (a bad
-    value fails in under a second), then the algorithm's and callbacks' keys, which need their code."""
+    """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config's
+    schema is validated first, before torch is imported (a bad value fails in under a second). A
+    local Ray then begins to start in the background while the algorithm's and callbacks' keys (which
+    need their code) and the data are checked; if one of those fails, that Ray is stopped without a
+    word and the error is the only line printed."""
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
@@ -38,13 +40,20 @@ def run_command(args: argparse.Namespace) -> int:
         summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
     else:
         sections = load_config_sections(args.config, args.overrides)
-        from fedray.plugins import validate_plugins  # imports torch and the algorithms, not Ray
+        from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
 
-        config = validate_plugins(sections)
-        from fedray.runtime import run_experiment
+        start_local_ray_in_background(sections, args.address)  # overlaps the imports and the data's preparation
+        try:
+            from fedray.plugins import validate_plugins  # imports torch and the algorithms
 
-        before_run = seconds_since_process_start()
-        summary = run_experiment(config, address=args.address, progress=not args.quiet)
+            config = validate_plugins(sections)
+            from fedray.runtime import run_experiment
+
+            before_run = seconds_since_process_start()
+            summary = run_experiment(config, address=args.address, progress=not args.quiet)
+        except BaseException:
+            abandon_background_start()  # the run failed before it joined the start: stop that Ray quietly
+            raise
     print_summary(summary, before_run)
     return 0
 

@@ -1,25 +1,27 @@
-"""The Ray runtime: a server actor and a pool of client-worker actors (see docs/architecture.md)."""
+"""The Ray runtime: a server actor and a pool of client-worker actors (see docs/architecture.md).
 
-from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from fedray.runtime.experiment import (
-    RunError,
-    RunInterrupted,
-    RunSummary,
-    TrainingDiverged,
-    prepare_data,
-    resume_experiment,
-    run_experiment,
-)
+Each name is imported on first use: ``fedray.runtime.ray_start`` (torch-free) can then be imported,
+and a local Ray begun, before the rest of the runtime imports torch."""
 
-__all__ = [
-    "CheckpointError",
-    "RunError",
-    "RunInterrupted",
-    "RunSummary",
-    "TrainingDiverged",
-    "list_checkpoints",
-    "load_checkpoint",
-    "prepare_data",
-    "resume_experiment",
-    "run_experiment",
-]
+from __future__ import annotations
+
+from fedray import lazy_exports
+
+#: Public name -> the module that defines it.
+_API = {
+    "CheckpointError": "fedray.runtime.checkpoint",
+    "list_checkpoints": "fedray.runtime.checkpoint",
+    "load_checkpoint": "fedray.runtime.checkpoint",
+    "RunError": "fedray.runtime.errors",
+    "RunInterrupted": "fedray.runtime.errors",
+    "TrainingDiverged": "fedray.runtime.errors",
+    "RunSummary": "fedray.runtime.experiment",
+    "prepare_data": "fedray.runtime.experiment",
+    "resume_experiment": "fedray.runtime.experiment",
+    "run_experiment": "fedray.runtime.experiment",
+}
+
+__all__ = sorted(_API)
+
+
+__getattr__, __dir__ = lazy_exports(globals(), _API)

@@ -9,18 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
-import signal
-import socket
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayActorError
 from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
@@ -31,6 +26,8 @@ from fedray.algorithms import algorithm_label, get_algorithm_class
 from fedray.config import ConfigError, RunConfig, save_config
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
+from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
+from fedray.runtime.ray_start import check_address, check_local_resources, ensure_ray, starts_local_ray
 from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
@@ -51,36 +48,6 @@ from fedray.tracking.sync import StorageSync, is_uri, staging_root
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
-CONNECT_TIMEOUT_S = 5.0  # to reach a cluster's address before handing it to ray.init, which waits minutes
-MAX_LOCAL_OVERSUBSCRIPTION = 4  # a local run may reserve at most this many logical CPUs per real one
-# Ray kills a worker process that idles longer than this (its default is 1 s). The ones it boots for a
-# new local Ray must live until the driver has put the dataset and created the actors.
-IDLE_WORKER_LIFETIME_MS = 60_000
-
-
-class RunError(RuntimeError):
-    """A run failed for a reason the message states in one line (with what to do about it)."""
-
-    fedray_exit_code = 1  # the CLI prints the message alone and exits with this code
-
-
-class TrainingDiverged(RunError):
-    """Every client update of a round was non-finite: the model is no longer being trained."""
-
-    def __init__(self, message: str, round: int) -> None:
-        super().__init__(message)
-        self.round = round
-
-    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # Ray pickles it out of a Tune trial
-        return type(self), (str(self), self.round)
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the driver; ``message`` says how to resume."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass
@@ -170,7 +137,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         except ConfigError:
             raise
         except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
-            raise ConfigError(f"invalid config:\n  data: {_first_line(error)}") from None
+            raise ConfigError(f"invalid config:\n  data: {first_line(error)}") from None
     if config.data.partition == "shards" and config.data.classes_per_client > data.info.num_classes:
         raise ConfigError(
             f"invalid config:\n  data.classes_per_client: {config.data.classes_per_client} is more than the "
@@ -184,13 +151,13 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     except ConfigError:
         raise
     except ValueError as error:
-        raise ConfigError(f"invalid config:\n  {_first_line(error)}") from None
+        raise ConfigError(f"invalid config:\n  {first_line(error)}") from None
     try:
         algorithm.build_model(algorithm.model_key(None))
     except ValueError as error:
         info = data.info
         raise ConfigError(
-            f"invalid config:\n  model.name: {_first_line(error)} (data.name={config.data.name} has "
+            f"invalid config:\n  model.name: {first_line(error)} (data.name={config.data.name} has "
             f"{info.channels}×{info.image_size}×{info.image_size} images)"
         ) from None
     return data
@@ -210,120 +177,6 @@ def check_synthetic_size(config: RunConfig) -> None:
             f"{spec.channels}×{spec.image_size}×{spec.image_size} need about {needed / 1e9:.1f} GB to generate; "
             f"this machine has {memory / 1e9:.1f} GB"
         )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
-
-
-_HOST_PORT = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-
-
-def check_address(address: str | None) -> None:
-    """Refuse a malformed ``--address`` before anything starts (exit 2); ``auto``, ``HOST:PORT``
-    (the cluster's GCS) and ``ray://HOST:PORT`` (Ray Client) are accepted."""
-    if address is None or address == "auto":
-        return
-    match = _HOST_PORT.match(address)
-    if match is None or not 0 < int(match.group(2)) < 65536:
-        raise ConfigError(
-            f"--address {address[:100]!r}: expected auto, HOST:PORT (the head node's GCS, e.g. 10.0.0.1:6379) "
-            "or ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.1:10001)"
-        )
-
-
-def check_local_resources(config: RunConfig) -> None:
-    """For a run that will start its own local Ray: refuse GPU workers on a machine without a GPU
-    (Ray would wait for a GPU that never comes) and CPU reservations far beyond the machine's cores
-    (Ray would create that many logical CPUs and as many worker processes); warn when the workers
-    oversubscribe the cores."""
-    resources = config.resources
-    if resources.gpus_per_worker > 0:
-        import torch
-
-        if torch.cuda.device_count() == 0:
-            raise ConfigError(
-                f"invalid config:\n  resources.gpus_per_worker: {resources.gpus_per_worker} but this machine has no "
-                "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
-            )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
-    if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
-        raise ConfigError(
-            f"invalid config:\n  resources.num_workers: {resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
-            f"(+ {resources.server_cpus} for the server) need {needed:g} CPUs, but this machine has {cores}; a local run "
-            f"may reserve at most {MAX_LOCAL_OVERSUBSCRIPTION}× its cores (use --address for a cluster)"
-        )
-    if needed > cores:
-        logger.warning(
-            "resources: %g CPUs reserved on a machine with %d cores; the workers will share cores and each round "
-            "will be slower than with fewer workers", needed, cores,
-        )
-
-
-def _probe(address: str) -> None:
-    """Fail in seconds when nothing listens at a ``HOST:PORT`` address (ray.init would retry for minutes)."""
-    match = _HOST_PORT.match(address)
-    if match is None:  # "auto": ray.init finds (or does not find) the local cluster at once
-        return
-    host, port = match.group(1).strip("[]"), int(match.group(2))
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as error:
-        reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__)
-        raise RunError(f"cannot reach the Ray cluster at {address} ({reason} within {CONNECT_TIMEOUT_S:g} s); is it running?") from None
-
-
-def _interrupt_on_sigterm() -> None:
-    """Make SIGTERM (``kill``, a batch scheduler's time limit) stop the driver like Ctrl-C, cleanly.
-    ``ray.init`` installs a handler that exits at once and Ray's native signal handler then dumps a
-    stack; the driver's cleanup (actors, placement group) and resume hint would be skipped."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-
-
-def ensure_ray(address: str | None, config: RunConfig) -> float:
-    """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job) or start a local Ray sized
-    for the run; returns the seconds it took.
-
-    A local Ray starts without Ray's dashboard and job server; Ray >= 2.59 protects a local Ray's
-    ports with token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md). Its worker
-    processes import the server's and workers' module (torch, the algorithms) as they start, before
-    they are given an actor. Ray starts min(CPUs, ``worker_maximum_startup_concurrency``) of them when
-    the driver connects, so both are raised to one process per worker plus the server's: all of them
-    boot during ``ray.init``, none on demand after it, and none is killed for idling
-    (``IDLE_WORKER_LIFETIME_MS``) before the actors arrive. The three keys of ``_system_config`` are
-    Ray system settings (``ray_config_def.h``), not documented arguments of ``ray.init``.
-    """
-    if ray.is_initialized():
-        return 0.0
-    started = time.perf_counter()
-    address = address or os.environ.get("RAY_ADDRESS")
-    try:
-        if address:
-            _probe(address)
-            ray.init(address=address, log_to_driver=True)
-        else:
-            resources = config.resources
-            needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
-            processes = resources.num_workers + 1  # the workers' and the server's
-            ray.init(
-                address="local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
-                num_cpus=max(os.cpu_count() or 1, int(np.ceil(needed)), processes),
-                include_dashboard=False,
-                dashboard_host="127.0.0.1",
-                log_to_driver=True,
-                _system_config={
-                    "preload_python_modules": [Server.__module__],
-                    "worker_maximum_startup_concurrency": processes,
-                    "idle_worker_killing_time_threshold_ms": IDLE_WORKER_LIFETIME_MS,
-                },
-            )
-    except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
-        raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {_first_line(error)}") from None
-    _interrupt_on_sigterm()
-    return time.perf_counter() - started
 
 
 def with_absolute_state_dir(config: RunConfig) -> RunConfig:
@@ -442,7 +295,7 @@ def run_experiment(
     if checkpoint is not None:
         check_metrics_cover(run_dir, int(checkpoint["round"]))
     state_location = open_client_state_location(config, run_dir)  # a bad URI fails here, before Ray
-    if not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS")):
+    if starts_local_ray(address):
         check_local_resources(config)
     ray_startup_seconds = ensure_ray(address, config)
     created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
@@ -503,9 +356,9 @@ def run_experiment(
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
     except WorkerPoolError as error:  # raised in the server actor: Ray wraps it, the message is its cause's
-        raise RunError(f"{_first_line(getattr(error, 'cause', error))}; {_resume_hint(run, created)}") from None
+        raise RunError(f"{first_line(getattr(error, 'cause', error))}; {_resume_hint(run, created)}") from None
     except RayActorError as error:  # the server actor itself (its node, or the process) died
-        raise RunError(f"the server actor died ({_first_line(error)}); {_resume_hint(run, created)}") from None
+        raise RunError(f"the server actor died ({first_line(error)}); {_resume_hint(run, created)}") from None
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:

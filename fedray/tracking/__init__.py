@@ -5,9 +5,7 @@ pyarrow, tqdm or the plotting code."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedray import lazy_attribute
+from fedray import lazy_exports
 
 #: Public name -> the module that defines it.
 _API = {
@@ -32,9 +30,4 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str) -> Any:
-    return lazy_attribute(globals(), _API, name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _API)

@@ -1,0 +1,293 @@
+"""Ray for a run: check the address, join a cluster or start a local instance sized for the run, and
+stop it quickly at the end.
+
+This module does not import torch, so that the ``fedray`` command can begin a local Ray's start-up
+(:func:`start_local_ray_in_background`) as soon as the config's schema is valid, while the driver
+imports torch and the algorithms and prepares the data. :func:`ensure_ray` then finds the instance
+ready, or nearly: on 2 cores this overlaps about 2 s of the 4 s Ray takes to start
+(``benchmarks/startup.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import ray
+
+from fedray.config import ConfigError, RunConfig
+from fedray.config.schema import ResourcesConfig
+from fedray.runtime.errors import RunError, first_line
+
+logger = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 5.0  # to reach a cluster's address before handing it to ray.init, which waits minutes
+MAX_LOCAL_OVERSUBSCRIPTION = 4  # a local run may reserve at most this many logical CPUs per real one
+# Ray kills a worker process that idles longer than this (its default is 1 s). The ones it boots for a
+# new local Ray must live until the driver has put the dataset and created the actors.
+IDLE_WORKER_LIFETIME_MS = 60_000
+# The module of the server and worker actors (fedray.runtime.server, not imported here: it needs torch).
+ACTOR_MODULE = "fedray.runtime.server"
+_HOST_PORT = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def check_address(address: str | None) -> None:
+    """Refuse a malformed ``--address`` before anything starts (exit 2); ``auto``, ``HOST:PORT``
+    (the cluster's GCS) and ``ray://HOST:PORT`` (Ray Client) are accepted."""
+    if address is None or address == "auto":
+        return
+    match = _HOST_PORT.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(
+            f"--address {address[:100]!r}: expected auto, HOST:PORT (the head node's GCS, e.g. 10.0.0.1:6379) "
+            "or ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.1:10001)"
+        )
+
+
+def starts_local_ray(address: str | None) -> bool:
+    """Whether a run given ``address`` starts its own local Ray (not a cluster's, not one already up)."""
+    return not (address or os.environ.get("RAY_ADDRESS") or ray.is_initialized() or _background is not None)
+
+
+def check_local_resources(config: RunConfig) -> None:
+    """For a run that will start its own local Ray: refuse GPU workers on a machine without a GPU
+    (Ray would wait for a GPU that never comes) and CPU reservations far beyond the machine's cores
+    (Ray would create that many logical CPUs and as many worker processes); warn when the workers
+    oversubscribe the cores."""
+    resources = config.resources
+    if resources.gpus_per_worker > 0:
+        import torch
+
+        if torch.cuda.device_count() == 0:
+            raise ConfigError(
+                f"invalid config:\n  resources.gpus_per_worker: {resources.gpus_per_worker} but this machine has no "
+                "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
+            )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+    if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
+        raise ConfigError(
+            f"invalid config:\n  resources.num_workers: {resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
+            f"(+ {resources.server_cpus} for the server) need {needed:g} CPUs, but this machine has {cores}; a local run "
+            f"may reserve at most {MAX_LOCAL_OVERSUBSCRIPTION}× its cores (use --address for a cluster)"
+        )
+    if needed > cores:
+        logger.warning(
+            "resources: %g CPUs reserved on a machine with %d cores; the workers will share cores and each round "
+            "will be slower than with fewer workers", needed, cores,
+        )
+
+
+def local_ray_options(resources: ResourcesConfig) -> dict[str, Any]:
+    """``ray.init`` arguments of a new local Ray sized for a run.
+
+    It starts without Ray's dashboard and job server; Ray >= 2.59 protects a local Ray's ports with
+    token authentication by default (``RAY_AUTH_MODE``; see cluster/README.md). Its worker processes
+    import the server's and workers' module (torch, the algorithms) as they start, before they are
+    given an actor. Ray starts min(CPUs, ``worker_maximum_startup_concurrency``) of them when the
+    driver connects, so both are raised to one process per worker plus the server's: all of them boot
+    during ``ray.init``, none on demand after it, and none is killed for idling
+    (``IDLE_WORKER_LIFETIME_MS``) before the actors arrive. The three keys of ``_system_config`` are
+    Ray system settings (``ray_config_def.h``), not documented arguments of ``ray.init``.
+    """
+    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+    processes = resources.num_workers + 1  # the workers' and the server's
+    return {
+        "address": "local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
+        "num_cpus": max(os.cpu_count() or 1, math.ceil(needed), processes),
+        "include_dashboard": False,
+        "dashboard_host": "127.0.0.1",
+        "log_to_driver": True,
+        "_system_config": {
+            "preload_python_modules": [ACTOR_MODULE],
+            "worker_maximum_startup_concurrency": processes,
+            "idle_worker_killing_time_threshold_ms": IDLE_WORKER_LIFETIME_MS,
+        },
+    }
+
+
+class _HoldRecords(logging.Filter):
+    """Holds back the log records one thread emits through Ray's handlers."""
+
+    def __init__(self, thread_id: int) -> None:
+        super().__init__()
+        self.thread_id = thread_id
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread_id:
+            return True
+        self.records.append(record)
+        return False
+
+
+class BackgroundStart:
+    """``ray.init`` of a new local Ray in a thread of its own, while the main thread goes on.
+
+    The thread lives as long as the instance: Ray ties each of its daemons to the driver with Linux's
+    ``PR_SET_PDEATHSIG``, which fires when the *thread* that started the daemon ends, so a thread
+    that returned after ``ray.init`` would take the instance down with it. What Ray logs meanwhile
+    is held back and printed by :meth:`join`, where a start in the main thread would have printed
+    it, or dropped by :meth:`abandon`, so that a bad input found during the start is still reported
+    as its one line.
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self.seconds = 0.0  # how long ray.init took
+        self.error: BaseException | None = None
+        self._hold: _HoldRecords | None = None
+        self._started = threading.Event()
+        self._instance_gone = threading.Event()
+        self._thread = threading.Thread(target=self._own_instance, name="fedray-ray-start", daemon=True)
+        self._thread.start()
+
+    def _own_instance(self) -> None:
+        began = time.perf_counter()
+        self._hold = _HoldRecords(threading.get_ident())
+        for handler in logging.getLogger("ray").handlers:
+            handler.addFilter(self._hold)
+        try:
+            ray.init(**self.options)
+        except BaseException as error:  # handed to the main thread by join()
+            self.error = error
+        finally:
+            self.seconds = time.perf_counter() - began
+            self._started.set()
+        self._instance_gone.wait()
+
+    def _release_records(self) -> list[logging.LogRecord]:
+        self._started.wait()
+        for handler in logging.getLogger("ray").handlers:
+            handler.removeFilter(self._hold)
+        return self._hold.records
+
+    def join(self) -> float:
+        """Wait for the start and print what Ray logged; returns the seconds ``ray.init`` took."""
+        for record in self._release_records():
+            # Ray warns that it set no SIGTERM handler (not the main thread): the driver sets its own.
+            if not record.getMessage().startswith("SIGTERM handler is not set"):
+                logging.getLogger(record.name).handle(record)
+        if self.error is not None:
+            self._instance_gone.set()
+            raise self.error
+        return self.seconds
+
+    def abandon(self) -> None:
+        """Wait for the start, then stop the instance without printing what Ray logged."""
+        self._release_records()
+        if self.error is None:
+            shutdown_ray()
+        self._instance_gone.set()
+
+    def instance_gone(self) -> None:
+        """Let the thread end: the instance it started has been shut down."""
+        self._instance_gone.set()
+
+
+_background: BackgroundStart | None = None  # a start not yet joined by ensure_ray
+_owner: BackgroundStart | None = None  # the start whose thread owns the running instance
+
+
+def start_local_ray_in_background(config: RunConfig, address: str | None) -> None:
+    """Begin a new local Ray for ``config`` in the background if the run will start one (no
+    ``address``, no ``$RAY_ADDRESS``, no Ray already up). Its checks run first, so a bad address or
+    an impossible reservation fails before anything starts; :func:`ensure_ray` joins the start."""
+    global _background
+    check_address(address)
+    if not starts_local_ray(address):
+        return
+    check_local_resources(config)
+    _background = BackgroundStart(local_ray_options(config.resources))
+
+
+def abandon_background_start() -> None:
+    """Stop a local Ray started in the background that no run has joined (the run failed first)."""
+    global _background
+    start, _background = _background, None
+    if start is not None:
+        start.abandon()
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds when nothing listens at a ``HOST:PORT`` address (ray.init would retry for minutes)."""
+    match = _HOST_PORT.match(address)
+    if match is None:  # "auto": ray.init finds (or does not find) the local cluster at once
+        return
+    host, port = match.group(1).strip("[]"), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__)
+        raise RunError(f"cannot reach the Ray cluster at {address} ({reason} within {CONNECT_TIMEOUT_S:g} s); is it running?") from None
+
+
+def _interrupt_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a batch scheduler's time limit) stop the driver like Ctrl-C, cleanly.
+    ``ray.init`` installs a handler that exits at once and Ray's native signal handler then dumps a
+    stack; the driver's cleanup (actors, placement group) and resume hint would be skipped."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def ensure_ray(address: str | None, config: RunConfig) -> float:
+    """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job), join the local Ray started
+    in the background for this run, or start a local Ray sized for it (:func:`local_ray_options`);
+    returns the seconds the start or connection took."""
+    global _background, _owner
+    started = time.perf_counter()
+    address = address or os.environ.get("RAY_ADDRESS")
+    try:
+        if _background is not None:
+            start, _background = _background, None
+            seconds = start.join()
+            _owner = start
+            _interrupt_on_sigterm()
+            return seconds
+        if ray.is_initialized():
+            return 0.0
+        if address:
+            _probe(address)
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(**local_ray_options(config.resources))
+    except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
+        raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {first_line(error)}") from None
+    _interrupt_on_sigterm()
+    return time.perf_counter() - started
+
+
+def shutdown_ray() -> None:
+    """Stop this driver's Ray: disconnect from a cluster, or stop the local instance it started.
+
+    Ray stops a local instance's daemons one at a time, giving each up to 1 s to exit after SIGTERM.
+    Its autoscaler monitor takes all of that second: its SIGTERM handler reports to the GCS, which
+    Ray has already stopped. A single-node local instance has nothing for it to save, so it is
+    killed first, which makes the shutdown about 1 s shorter. The monitor is found in Ray's private
+    process table; without one (another Ray version) Ray's own shutdown does all.
+    """
+    global _owner
+    if not ray.is_initialized():
+        return
+    node = getattr(ray._private.worker, "_global_node", None)  # None when connected to a cluster
+    processes = getattr(node, "all_processes", {}) if node is not None else {}
+    for info in processes.get("monitor", []):
+        info.process.kill()
+        info.process.wait()
+    ray.shutdown()
+    if _owner is not None:
+        _owner.instance_gone()
+        _owner = None
+
+
+@atexit.register
+def _stop_unjoined_start() -> None:
+    """A start nobody joined (a library caller's run failed first) is stopped before Ray's own exit hook runs."""
+    abandon_background_start()
