@@ -246,9 +246,8 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
     address = address or os.environ.get("RAY_ADDRESS")
     try:
         if _background is not None:
-            start, _background = _background, None
-            seconds = start.join()
-            _owner = start
+            seconds = _background.join()  # if this raises (Ctrl-C included), abandon_background_start() stops it
+            _owner, _background = _background, None
             _interrupt_on_sigterm()
             return seconds
         if ray.is_initialized():
