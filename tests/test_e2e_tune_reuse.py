@@ -38,7 +38,8 @@ def placement(sweep_dir: Path, trial: dict) -> dict:
 
 def assert_same_as_standalone(sweep_dir: Path, trial: dict, out_dir: Path) -> None:
     """Every metric of every round the trial ran, except the timing, equals a standalone run of its config."""
-    config = load_config(sweep_dir / trial["run_dir"] / "config.yaml", [f"output.dir={out_dir}", f"output.name={trial['trial_id']}"])
+    # Quoted: --set values are YAML, and a trial id such as 43754_00002 would read as the integer 4375400002.
+    config = load_config(sweep_dir / trial["run_dir"] / "config.yaml", [f"output.dir={out_dir}", f"output.name='{trial['trial_id']}'"])
     summary = run_experiment(config, progress=False)
     strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # noqa: E731
     warm = strip(read_metrics(sweep_dir / trial["run_dir"], "round"))
