@@ -36,8 +36,13 @@ from w1_overhead import run_fedray, run_plain  # noqa: E402
 GPU_FRACTIONS = (1.0, 0.5, 0.25)
 
 
+def w3_size(quick: bool) -> tuple[int, int, int]:
+    """(clients, clients per round, rounds)."""
+    return (100, 10, 5) if quick else (1000, 50, 12)
+
+
 def w3(model: str, quick: bool) -> list[str]:
-    clients, per_round, rounds = (100, 10, 5) if quick else (1000, 50, 12)
+    clients, per_round, rounds = w3_size(quick)
     return [
         "data.name=synthetic",
         "data.synthetic.channels=3",
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is not None:
         gpu.start()
     overrides = w3(args.model, args.quick)
-    per_round = int(next(o for o in overrides if o.startswith("train.clients_per_round=")).split("=")[1])
+    _, per_round, _ = w3_size(args.quick)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for fraction in GPU_FRACTIONS:

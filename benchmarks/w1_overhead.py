@@ -141,8 +141,9 @@ def run_plain(overrides: list[str], device: str = "cpu") -> dict:
                 accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
         if device != "cpu":
             torch.cuda.synchronize()  # the round ends when the device has done its work
-        seconds.append(time.perf_counter() - started)
-        ends.append(time.perf_counter())
+        now = time.perf_counter()
+        seconds.append(now - started)
+        ends.append(now)
     return {"steady_round_s": steady(seconds), "round_s": seconds, "round_ends": ends, "final_accuracy": accuracy}
 
 

@@ -147,6 +147,11 @@ class ResourcesConfig(Section):
         "possible, SPREAD places them on distinct nodes where it can (multi-node clusters)",
     )
 
+    @property
+    def reserved_cpus(self) -> float:
+        """CPUs a run reserves: its server's and its workers'."""
+        return self.server_cpus + self.num_workers * self.cpus_per_worker
+
 
 class OutputConfig(Section):
     dir: str = Field("runs", min_length=1, max_length=4096)

@@ -4,7 +4,7 @@ stop it quickly at the end.
 This module does not import torch, so that the ``fedray`` command can begin a local Ray's start-up
 (:func:`start_local_ray_in_background`) as soon as the config's schema is valid, while the driver
 imports torch and the algorithms and prepares the data. :func:`ensure_ray` then finds the instance
-ready, or nearly: on 2 cores this overlaps about 2 s of the 4 s Ray takes to start
+ready, or nearly: on 2 cores this overlaps about 2.5 s of the ~4 s Ray takes to start
 (``benchmarks/startup.py``).
 """
 
@@ -71,7 +71,7 @@ def check_local_resources(config: RunConfig) -> None:
                 "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
             )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
+    needed = resources.reserved_cpus
     if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
         raise ConfigError(
             f"invalid config:\n  resources.num_workers: {resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
@@ -97,11 +97,10 @@ def local_ray_options(resources: ResourcesConfig) -> dict[str, Any]:
     (``IDLE_WORKER_LIFETIME_MS``) before the actors arrive. The three keys of ``_system_config`` are
     Ray system settings (``ray_config_def.h``), not documented arguments of ``ray.init``.
     """
-    needed = resources.num_workers * resources.cpus_per_worker + resources.server_cpus
     processes = resources.num_workers + 1  # the workers' and the server's
     return {
         "address": "local",  # a new instance: without it Ray joins a `ray start` cluster found in /tmp/ray
-        "num_cpus": max(os.cpu_count() or 1, math.ceil(needed), processes),
+        "num_cpus": max(os.cpu_count() or 1, math.ceil(resources.reserved_cpus), processes),
         "include_dashboard": False,
         "dashboard_host": "127.0.0.1",
         "log_to_driver": True,
@@ -276,7 +275,7 @@ def shutdown_ray() -> None:
     if not ray.is_initialized():
         return
     node = getattr(ray._private.worker, "_global_node", None)  # None when connected to a cluster
-    processes = getattr(node, "all_processes", {}) if node is not None else {}
+    processes = getattr(node, "all_processes", {})
     for info in processes.get("monitor", []):
         info.process.kill()
         info.process.wait()

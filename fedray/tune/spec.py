@@ -411,5 +411,4 @@ def max_rounds(spec: SweepSpec) -> int:
 
 def trial_cpus(config: RunConfig, spec: SweepSpec) -> float:
     """CPUs one trial reserves: its driver, its server and its workers."""
-    resources = config.resources
-    return spec.driver_cpus + resources.server_cpus + resources.num_workers * resources.cpus_per_worker
+    return spec.driver_cpus + config.resources.reserved_cpus
