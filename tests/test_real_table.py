@@ -81,3 +81,16 @@ def test_the_tuning_table_counts_stopped_and_diverged_trials():
               trial("STOPPED_EARLY", 10, "0.65"), trial("ERROR", 0, "")]
     [line] = [line for line in real_table.tuning_lines(tuning) if line.startswith("| fedsc")]
     assert line == "| fedsc | `train.lr=0.2` | test_accuracy 85.95 | 2 / 1 / 1 |"
+
+
+def test_excluded_updates_are_listed_per_entry_and_old_rows_are_not_counted():
+    rows = [
+        {**row("fedavg", None), "excluded_updates": "2"},
+        {**row("fedprox", None), "excluded_updates": "0"},
+        row("fedsc", None),  # written before the CSV counted them
+        {**row("local", None), "group": "personalised", "excluded_updates": "5"},
+    ]
+    line = real_table.excluded_line(rows, "global")
+    assert "fedavg dir0.1 seed 0: 2" in line and "fedprox" not in line and "local" not in line
+    assert "(2 entries counted)" in line
+    assert "none (0 entries counted)" in real_table.excluded_line(rows, "ssl")
