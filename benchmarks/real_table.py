@@ -376,8 +376,26 @@ def excluded_line(results: list[dict[str, str]], group: str) -> str:
     counted = [r for r in results if r["group"] == group and r.get("excluded_updates", "") != ""]
     hit = [f"{r['algorithm']} {r['setting']} seed {r['seed']}: {r['excluded_updates']}"
            for r in counted if int(r["excluded_updates"]) > 0]
-    return (f"Non-finite client updates excluded from aggregation (of {CLIENTS_PER_ROUND * ROUNDS} per entry): "
+    return (f"Non-finite client updates excluded from aggregation (of {CLIENTS_PER_ROUND * ROUNDS:,} per entry): "
             + ("; ".join(hit) if hit else "none") + f" ({len(counted)} entries counted).")
+
+
+def flatness_line(curves: list[dict[str, str]], group: str) -> str:
+    """Whether ``group``'s curves have flattened by the last round: per finished entry, the mean of
+    its evaluations in the last fifth of the rounds minus the mean of those in the fifth before."""
+    last, before = (4 * ROUNDS // 5, ROUNDS), (3 * ROUNDS // 5, 4 * ROUNDS // 5)
+    changes = {}
+    for key in dict.fromkeys(entry_key(r) for r in curves if r["group"] == group):
+        points = [(int(r["round"]), 100 * float(r["value"])) for r in curves if entry_key(r) == key]
+        means = [np.mean([v for rnd, v in points if lo < rnd <= hi] or [np.nan]) for lo, hi in (last, before)]
+        if not np.isnan(means).any():
+            changes[key] = means[0] - means[1]
+    if not changes:
+        return "Flattening: no finished curve yet."
+    largest = max(changes, key=lambda key: abs(changes[key]))
+    return (f"Flattening: mean over rounds {last[0] + 1}–{last[1]} minus mean over rounds {before[0] + 1}–{before[1]}, "
+            f"median {np.median(list(changes.values())):+.2f} points over {len(changes)} entries; largest "
+            f"{changes[largest]:+.2f} ({largest[1]} {largest[2]} seed {largest[3]}).")
 
 
 def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[str]:
@@ -444,7 +462,7 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str]) -> No
                 if spec["also"]:
                     cells.append(cell(rows, f"{spec['also'][0]}_final", seeds_wanted))
             lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
-        lines += ["", excluded_line(results, group), ""]
+        lines += ["", excluded_line(results, group), "", flatness_line(curves, group), ""]
     seconds = [float(r["seconds_per_round"]) for r in results]
     if seconds:
         lines.append(f"{len(results)} entries finished; median {np.median(seconds):.1f} s per round on a shared 2-core CPU.")

@@ -94,3 +94,15 @@ def test_excluded_updates_are_listed_per_entry_and_old_rows_are_not_counted():
     assert "fedavg dir0.1 seed 0: 2" in line and "fedprox" not in line and "local" not in line
     assert "(2 entries counted)" in line
     assert "none (0 entries counted)" in real_table.excluded_line(rows, "ssl")
+
+
+def test_flatness_compares_the_last_fifth_of_the_rounds_with_the_fifth_before():
+    def curve(algorithm, values_by_round):
+        return [{**row(algorithm, None), "round": str(r), "value": str(v)} for r, v in values_by_round.items()]
+
+    still_rising = curve("fedavg", {r: 0.5 + r / 200 for r in range(5, 101, 5)})  # +0.5 point per 5 rounds
+    flat = curve("fedprox", {**{r: 0.6 for r in range(5, 81, 5)}, **{r: 0.6 for r in range(85, 101, 5)}})
+    line = real_table.flatness_line(still_rising + flat, "global")
+    assert "median +5.00 points over 2 entries" in line
+    assert "largest +10.00 (fedavg dir0.1 seed 0)" in line
+    assert real_table.flatness_line(flat, "ssl") == "Flattening: no finished curve yet."
