@@ -106,3 +106,10 @@ def test_flatness_compares_the_last_fifth_of_the_rounds_with_the_fifth_before():
     assert "median +5.00 points over 2 entries" in line
     assert "largest +10.00 (fedavg dir0.1 seed 0)" in line
     assert real_table.flatness_line(flat, "ssl") == "Flattening: no finished curve yet."
+
+
+def test_the_self_supervised_rows_probe_every_10_rounds_and_the_others_evaluate_every_5():
+    for algorithm in real_table.GROUPS["ssl"]["algorithms"]:
+        assert real_table.config_for(algorithm, "dir0.1", 0, [], TUNING).eval.every == 10
+    assert real_table.config_for("fedavg", "dir0.1", 0, [], TUNING).eval.every == 5
+    assert real_table.config_for("fedcosr", "shards2", 0, [], TUNING).eval.every == 5
