@@ -1,11 +1,12 @@
 """Resumable results table on the real Fashion-MNIST files: every algorithm, tuned, a paper-style protocol.
 
-Two stages, both resumable, run in order by one command:
+Two stages, both resumable, run by one command:
 
 1. **Tuning.** Each algorithm's sweep in ``tune_configs/fmnist/`` (its key hyperparameter × the
    learning rate, 20 rounds at Dirichlet α = 0.1, ASHA) is ranked on a validation split
    (``data.validation_fraction``: a seeded 10 % of the training set, never the test set). Every
-   trial goes to ``docs/results_fmnist_tuning.csv``, the best one marked ``chosen``.
+   trial goes to ``docs/results_fmnist_tuning.csv``, the best one marked ``chosen``. A sweep runs
+   just before the first table entry that needs it.
 2. **The table.** Each algorithm starts from ``examples/<base>_digits.yaml``, takes its sweep's
    chosen values (``TUNED_FROM`` says which sweep a variant uses), then the shared protocol:
 
@@ -17,13 +18,18 @@ Two stages, both resumable, run in order by one command:
 
    * ``global`` (test accuracy of the global model): Dirichlet α = 0.1 and α = 0.5. FedAvg, FedProx,
      FedSC, FedRCL, FedProto, MOON, FedSKC, FedRCL's β = 0 ablation (``fedrcl_beta0``) and FedSKC
-     with ``gpr_mode=residual, u_mode=none`` (``fedskc_stabilised``).
+     with ``gpr_mode=residual, u_mode=none`` (``fedskc_stabilised``); then SCAFFOLD, FedDyn,
+     FedLC, FedNTD, FedDecorr, FedProc and the server optimisers FedAvgM, FedAdam, FedYogi, FedAdagrad.
    * ``personalised`` (``personal_accuracy``: every client's own model on its held-out 25 %, and its
      spread across clients ``personal_accuracy_std``): a pathological split (``shards2``: 2 classes
-     per client) and Dirichlet α = 0.1 (``pdir0.1``). FedAvg, Local, FedPer, FedCoSR.
+     per client) and Dirichlet α = 0.1 (``pdir0.1``). FedAvg, Local, FedPer, FedCoSR; then Ditto,
+     FedRep, LG-FedAvg and FedBN (FedBN on its example's resnet8: it needs BatchNorm layers).
    * ``ssl`` (``probe_accuracy``: linear probe of the learned encoders on labelled data): Dirichlet
      α = 0.1 and 0.5. Hetero-SSFL, its μ = 0 local-SSL variant (``hetero_ssfl_local``), FedAvg+BYOL,
-     and Hetero-SSFL with the debiased alignment (``hetero_ssfl_debiased``).
+     and Hetero-SSFL with the debiased alignment (``hetero_ssfl_debiased``); then FedEMA and FedU.
+
+   Each group's ``algorithms`` (the papers' methods and the baselines their claims name) run first,
+   every seed and setting; its ``more_algorithms`` (every other algorithm fedray has) after them.
 
 Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
 curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
@@ -32,7 +38,7 @@ resumes from them, an interrupted sweep resumes under ``<runs-dir>_sweeps``. ``-
 the table part of ``<out>.md`` (between the two marker lines; the prose around it is kept) and
 ``<out>.png`` (mean ± std band over seeds) from the CSVs alone::
 
-    nice -n 19 python benchmarks/real_table.py                 # tune, then run the table, seed 0 first
+    nice -n 19 python benchmarks/real_table.py                 # tune and run the table, seed 0 first
     python benchmarks/real_table.py --groups global --algorithms fedavg --seeds 0
     python benchmarks/real_table.py --report                   # tables and figure from the CSVs
 """
@@ -101,23 +107,29 @@ VARIANTS = {
     "hetero_ssfl_local": ("hetero_ssfl_local", HETERO_SSFL_PROBE),
     "hetero_ssfl_debiased": ("hetero_ssfl_debiased", HETERO_SSFL_PROBE),
     "fedavg_byol": ("fedavg_byol", PROBE),
+    "fedema": ("fedema", PROBE),
+    "fedu": ("fedu", PROBE),
 }
 GROUPS: dict[str, dict[str, Any]] = {
     "global": {
         "algorithms": ["fedavg", "fedprox", "fedsc", "fedrcl", "fedproto", "moon", "fedskc", "fedrcl_beta0",
                        "fedskc_stabilised"],
+        "more_algorithms": ["scaffold", "feddyn", "fedlc", "fedntd", "feddecorr", "fedproc", "fedavgm", "fedadam",
+                            "fedyogi", "fedadagrad"],
         "settings": ["dir0.1", "dir0.5"],
         "metric": "test_accuracy",
         "also": [],
     },
     "personalised": {
         "algorithms": ["fedavg", "local", "fedper", "fedcosr"],
+        "more_algorithms": ["ditto", "fedrep", "lg_fedavg", "fedbn"],
         "settings": ["shards2", "pdir0.1"],
         "metric": "personal_accuracy",
         "also": ["personal_accuracy_std"],
     },
     "ssl": {
         "algorithms": ["hetero_ssfl", "hetero_ssfl_local", "fedavg_byol", "hetero_ssfl_debiased"],
+        "more_algorithms": ["fedema", "fedu"],
         "settings": ["dir0.1", "dir0.5"],
         "metric": "probe_accuracy",
         "also": [],
@@ -260,18 +272,25 @@ def round_totals(run_dir: Path) -> dict[str, float]:
     return {key: sum(row[key] for row in rounds) for key in ("excluded_updates", "seconds")}
 
 
+def table_algorithms(spec: dict[str, Any]) -> list[str]:
+    """A group's rows: its ``algorithms``, then its ``more_algorithms``."""
+    return spec["algorithms"] + spec["more_algorithms"]
+
+
 def planned(groups: list[str], algorithms: list[str] | None, seeds: list[int]) -> list[tuple[str, str, str, int]]:
-    """(group, algorithm, setting, seed) in run order: seed by seed, and within a seed every group's
-    first setting (the strong-skew one most papers' claims are about) before any group's second, so
-    that a partial run already checks each paper's main claim on one seed."""
+    """(group, algorithm, setting, seed) in run order: every group's ``algorithms`` before any of its
+    ``more_algorithms``; within each, seed by seed, and within a seed every group's first setting (the
+    strong-skew one most papers' claims are about) before any group's second, so that a partial run
+    already checks each paper's main claim on one seed."""
     order = []
-    for seed in seeds:
-        for setting_index in range(max(len(spec["settings"]) for spec in GROUPS.values())):
-            for group in groups:
-                spec = GROUPS[group]
-                if setting_index < len(spec["settings"]):
-                    order += [(group, algorithm, spec["settings"][setting_index], seed) for algorithm in spec["algorithms"]
-                              if algorithms is None or algorithm in algorithms]
+    for tier in ("algorithms", "more_algorithms"):
+        for seed in seeds:
+            for setting_index in range(max(len(spec["settings"]) for spec in GROUPS.values())):
+                for group in groups:
+                    spec = GROUPS[group]
+                    if setting_index < len(spec["settings"]):
+                        order += [(group, algorithm, spec["settings"][setting_index], seed) for algorithm in spec[tier]
+                                  if algorithms is None or algorithm in algorithms]
     return order
 
 
@@ -297,6 +316,10 @@ def run_all(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     for entry in todo:
         group, algorithm, setting, seed = entry
+        sweep = tuning_source(algorithm)[0]
+        if not any(row["sweep"] == sweep for row in tuning):
+            tune(sweep, args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
+            tuning = read_csv(TUNING_CSV)
         result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning)
         replace_entry(curves_csv, CURVE_FIELDS, entry, [
             {"group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "round": r, "value": v}
@@ -310,54 +333,49 @@ def run_all(args: argparse.Namespace) -> None:
 
 def sweep_order() -> list[str]:
     """Every sweep of tune_configs/fmnist/, in the order their algorithms appear in the table."""
-    order = [tuning_source(a)[0] for spec in GROUPS.values() for a in spec["algorithms"]]
+    order = [tuning_source(a)[0] for spec in GROUPS.values() for a in table_algorithms(spec)]
     names = {path.stem for path in SWEEPS.glob("*.yaml")}
     return [name for name in dict.fromkeys(order) if name in names]
 
 
-def tune_all(runs_dir: Path, trust_tune_state: bool = False) -> None:
-    """Run every sweep of tune_configs/fmnist/ that has no rows in the tuning CSV yet (continuing an
-    interrupted one), then add its trials to the CSV with the best one ``chosen``. ``trust_tune_state``:
-    see ``fedray tune --resume --trust-tune-state``."""
+def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
+    """Run sweep ``tune_configs/fmnist/<sweep>.yaml`` (or continue it if it was interrupted), then add
+    its trials to the tuning CSV with the best one ``chosen``. ``trust_tune_state``: see ``fedray
+    tune --resume --trust-tune-state``."""
     from fedray.tune import resume_sweep, run_sweep
     from fedray.tune.results import META_FILE, TRIALS_FILE, read_meta, read_table
     from fedray.tune.spec import SWEEP_FILE
     from fedray.tune.summary import ranked_trials
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    for sweep in sweep_order():
-        sweep_file = SWEEPS / f"{sweep}.yaml"
-        if any(row["sweep"] == sweep for row in read_csv(TUNING_CSV)):
-            continue
-        spec = load_sweep(sweep_file)
-        spec.output.dir = str(runs_dir)
-        # A sweep started from an older version of its file would resume with the old settings.
-        started = sorted(path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}")
-                         if load_sweep(path.parent / SWEEP_FILE).to_yaml() == spec.to_yaml())
-        if started and read_meta(started[-1])["status"] == "finished":
-            sweep_dir = started[-1]
-        else:
-            print(f"{'resuming' if started else 'starting'} the {sweep} sweep", file=sys.stderr, flush=True)
-            outcome = resume_sweep(started[-1], trust_tune_state=trust_tune_state) if started else run_sweep(spec)
-            if outcome.status != "finished":  # a trial that diverged (ERROR) is a result: it is never chosen
-                raise RuntimeError(f"the {sweep} sweep did not finish ({outcome.sweep_dir}); run again to continue it")
-            sweep_dir = outcome.sweep_dir
-        meta = read_meta(sweep_dir)
-        trials = read_table(sweep_dir / TRIALS_FILE)
-        ranked = ranked_trials(trials, meta["mode"])
-        unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored: no metric
-        rows = [{
-            "sweep": sweep, "trial_id": trial["trial_id"],
-            "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]
-                                           for key in meta["swept_keys"]}, sort_keys=True),
-            "status": trial["status"], "rounds": int(trial["round"]), "metric": meta["metric"],
-            "best_metric": "" if pd.isna(trial["best_metric"]) else round(float(trial["best_metric"]), 4),
-            "best_round": "" if pd.isna(trial["best_round"]) else int(trial["best_round"]),
-            "chosen": position == 0,
-        } for position, (_, trial) in enumerate(pd.concat([ranked, unranked]).iterrows())]
-        write_csv(TUNING_CSV, TUNING_FIELDS, read_csv(TUNING_CSV) + rows)
-        print(f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
-              file=sys.stderr, flush=True)
+    spec = load_sweep(SWEEPS / f"{sweep}.yaml")
+    spec.output.dir = str(runs_dir)
+    # A sweep started from an older version of its file would resume with the old settings.
+    started = sorted(path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}")
+                     if load_sweep(path.parent / SWEEP_FILE).to_yaml() == spec.to_yaml())
+    if started and read_meta(started[-1])["status"] == "finished":
+        sweep_dir = started[-1]
+    else:
+        print(f"{'resuming' if started else 'starting'} the {sweep} sweep", file=sys.stderr, flush=True)
+        outcome = resume_sweep(started[-1], trust_tune_state=trust_tune_state) if started else run_sweep(spec)
+        if outcome.status != "finished":  # a trial that diverged (ERROR) is a result: it is never chosen
+            raise RuntimeError(f"the {sweep} sweep did not finish ({outcome.sweep_dir}); run again to continue it")
+        sweep_dir = outcome.sweep_dir
+    meta = read_meta(sweep_dir)
+    trials = read_table(sweep_dir / TRIALS_FILE)
+    ranked = ranked_trials(trials, meta["mode"])
+    unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored: no metric
+    rows = [{
+        "sweep": sweep, "trial_id": trial["trial_id"],
+        "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]
+                                       for key in meta["swept_keys"]}, sort_keys=True),
+        "status": trial["status"], "rounds": int(trial["round"]), "metric": meta["metric"],
+        "best_metric": "" if pd.isna(trial["best_metric"]) else round(float(trial["best_metric"]), 4),
+        "best_round": "" if pd.isna(trial["best_round"]) else int(trial["best_round"]),
+        "chosen": position == 0,
+    } for position, (_, trial) in enumerate(pd.concat([ranked, unranked]).iterrows())]
+    write_csv(TUNING_CSV, TUNING_FIELDS, read_csv(TUNING_CSV) + rows)
+    print(f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
+          file=sys.stderr, flush=True)
 
 
 def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
@@ -459,7 +477,7 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str]) -> No
             "| algorithm | " + " | ".join(header) + " |",
             "|---|" + "---|" * (len(settings) * (3 if spec["also"] else 2)),
         ]
-        for algorithm in spec["algorithms"]:
+        for algorithm in table_algorithms(spec):
             cells = []
             for setting in settings:
                 rows = [r for r in results if (r["group"], r["algorithm"], r["setting"]) == (group, algorithm, setting)]
@@ -494,7 +512,7 @@ def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
     panels = [(group, setting) for group, spec in GROUPS.items() for setting in spec["settings"]]
     fig, axes = plt.subplots(len(GROUPS), 2, figsize=(12, 4 * len(GROUPS)), squeeze=False)
     for ax, (group, setting) in zip(axes.flat, panels):
-        for algorithm in GROUPS[group]["algorithms"]:
+        for algorithm in table_algorithms(GROUPS[group]):
             rows = [r for r in curves if (r["group"], r["algorithm"], r["setting"]) == (group, algorithm, setting)]
             by_seed: dict[str, list[tuple[int, float]]] = {}
             for r in rows:
@@ -532,7 +550,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.report:
         try:
-            tune_all(args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
             run_all(args)
         except KeyboardInterrupt:
             print("stopped; the same command resumes (finished entries are in the CSV)", file=sys.stderr)

@@ -61,7 +61,7 @@ def test_replacing_an_entry_keeps_the_others(tmp_path):
 def test_every_table_algorithm_has_a_sweep():
     assert set(real_table.sweep_order()) == {path.stem for path in real_table.SWEEPS.glob("*.yaml")}
     for spec in real_table.GROUPS.values():
-        for algorithm in spec["algorithms"]:
+        for algorithm in real_table.table_algorithms(spec):
             real_table.hyperparameters(real_table.config_for(algorithm, spec["settings"][0], 0, [], []), algorithm)
 
 
@@ -113,3 +113,12 @@ def test_the_self_supervised_rows_probe_every_10_rounds_and_the_others_evaluate_
         assert real_table.config_for(algorithm, "dir0.1", 0, [], TUNING).eval.every == 10
     assert real_table.config_for("fedavg", "dir0.1", 0, [], TUNING).eval.every == 5
     assert real_table.config_for("fedcosr", "shards2", 0, [], TUNING).eval.every == 5
+
+
+def test_the_papers_algorithms_run_on_every_seed_before_the_other_algorithms():
+    order = real_table.planned(list(real_table.GROUPS), None, [0, 1])
+    first_more = min(order.index(e) for e in order if e[1] in real_table.GROUPS["global"]["more_algorithms"])
+    assert all(e[1] in real_table.GROUPS[e[0]]["algorithms"] for e in order[:first_more])
+    assert {e[3] for e in order[:first_more]} == {0, 1}
+    assert order[0] == ("global", "fedavg", "dir0.1", 0) and order[first_more] == ("global", "scaffold", "dir0.1", 0)
+    assert len(order) == len(set(order)) == 2 * 2 * sum(len(real_table.table_algorithms(s)) for s in real_table.GROUPS.values())
