@@ -122,3 +122,25 @@ def test_the_papers_algorithms_run_on_every_seed_before_the_other_algorithms():
     assert {e[3] for e in order[:first_more]} == {0, 1}
     assert order[0] == ("global", "fedavg", "dir0.1", 0) and order[first_more] == ("global", "scaffold", "dir0.1", 0)
     assert len(order) == len(set(order)) == 2 * 2 * sum(len(real_table.table_algorithms(s)) for s in real_table.GROUPS.values())
+
+
+def test_window_means_average_each_entrys_evaluations_inside_the_window_only():
+    curve = [{**row("fedavg", None), "round": str(r), "value": str(r / 100)} for r in (75, 80, 85, 90, 95, 100)]
+    means = real_table.window_means(curve + [{**row("fedprox", None), "round": "50", "value": "0.5"}], real_table.LAST_FIFTH)
+    assert means == {("global", "fedavg", "dir0.1", 0): 0.925}  # rounds 85–100; fedprox has none there
+
+
+def test_a_diverged_entry_falls_back_to_the_lower_learning_rates_of_its_sweep_grid():
+    assert real_table.fallback_learning_rates("fedavg", 0.2) == [0.1, 0.05]
+    assert real_table.fallback_learning_rates("fedrcl_beta0", 0.1) == [0.05]  # FedRCL's grid
+    assert real_table.fallback_learning_rates("fedavg", 0.05) == []
+
+
+def test_a_fallback_result_is_marked_in_its_cell_and_listed():
+    fell_back = {**row("fedavg", None), "group": "personalised", "setting": "shards2", "final": "0.9", "diverged": "",
+                 "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 3"}
+    tuned = {**fell_back, "seed": "1", "final": "0.8", "lr": "0.2", "fell_back_from": ""}
+    assert real_table.cell([fell_back, tuned], "final", 2) == "85.00 ± 5.00 (lr 0.1†)"
+    line = real_table.fallback_line([fell_back, tuned], "personalised")
+    assert "fedavg shards2 seed 0 (lr 0.2 diverged in round 3; shown at lr 0.1)" in line and "seed 1" not in line
+    assert real_table.fallback_line([tuned], "personalised").endswith("grid: none.")
