@@ -33,6 +33,9 @@ Two stages, both resumable, run by one command:
    Each group's ``algorithms`` (the papers' methods and the baselines their claims name) run first,
    every seed and setting; its ``more_algorithms`` (every other algorithm fedray has) after them.
 
+The sweeps tune at Dirichlet α = 0.1; an entry whose tuned learning rate diverges in another setting
+runs again at the next lower rate of its sweep's grid (marked † in the table).
+
 Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
 curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
 them since; an interrupted run (Ctrl-C, SIGTERM) keeps its checkpoints under ``--runs-dir`` and
