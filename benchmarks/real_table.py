@@ -97,7 +97,7 @@ SETTINGS = {
 # ~2,300 Adam steps (the digits examples use 300 epochs over ~1,400). Every probed encoder embeds
 # those 60,000 images and the 10,000 test images, so an evaluation costs ~10 training rounds of
 # Hetero-SSFL (~200 s against ~20 s on 2 cores): the self-supervised rows are evaluated every 10
-# rounds, not 5, which takes a Hetero-SSFL entry from ~95 to ~65 minutes.
+# rounds, not 5 (~30 minutes less per Hetero-SSFL entry by the sweep's timings).
 # Hetero-SSFL probes 10 of its 100 clients (a seeded sample): probing all 100 encoders takes over
 # 6 minutes per evaluation on 2 cores.
 PROBE = ["algorithm.probe_epochs=20", "eval.every=10"]
