@@ -305,7 +305,7 @@ def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str,
 def round_totals(run_dir: Path) -> dict[str, float]:
     """Over all the run's rounds, across resumes: ``excluded_updates`` (client updates left out of
     aggregation as non-finite, NaN/inf) and ``seconds`` (training and evaluation, start-ups not counted)."""
-    rounds = [row for row in read_metrics(run_dir) if row["scope"] == "round"]
+    rounds = read_metrics(run_dir)  # round rows only (its default scope)
     return {key: sum(row[key] for row in rounds) for key in ("excluded_updates", "seconds")}
 
 
