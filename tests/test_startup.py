@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import ray
 from ray.exceptions import RayActorError
 
 from fedray.cli.run import print_summary, seconds_since_process_start
+from fedray.config import save_config
 from fedray.plugins import load_config
 from fedray.runtime import RunSummary, run_experiment
 from fedray.tracking import Callback
 
 MODULE_IMPORTED = time.monotonic()
+REPO = Path(__file__).resolve().parent.parent
 
 # An algorithm whose server refuses to finish preparing (init_server_state) until every worker has
 # built its own copy of the algorithm: it can only succeed if the workers start alongside the server.
@@ -102,6 +106,51 @@ def test_workers_boot_with_the_server_and_are_killed_at_the_end(ray_session, wai
     assert saved["first_round_seconds"] == summary.first_round_seconds
 
 
+RESUME_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    from fedray.cli.main import main
+    from fedray.runtime import ray_start
+
+    begun = []
+    start = ray_start.start_local_ray_in_background
+    def recording_start(config, address):
+        begun.append({"torch": "torch" in sys.modules, "workers": config.resources.num_workers})
+        start(config, address)
+    ray_start.start_local_ray_in_background = recording_start
+
+    code = main(["run", "--resume", sys.argv[1], "--quiet"])
+    print(json.dumps({"code": code, "begun": begun, "stopped": not ray.is_initialized()}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_resume_begins_the_ray_start_before_torch_and_stops_it_quietly_when_refused(tmp_path, tiny_overrides):
+    """`fedray run --resume` (a real process with its own local Ray) reads the saved config's schema
+    and begins the Ray start before importing torch, as a fresh run does; the run joins that start.
+    Resuming the finished run is refused: that Ray is stopped and the error is the only line."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_config(load_config(None, [*tiny_overrides, "train.rounds=2", "resources.num_workers=1"]), run_dir / "config.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
+
+    def resume() -> tuple[dict, str]:
+        result = subprocess.run([sys.executable, "-c", RESUME_PROBE, str(run_dir)], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.stdout.strip(), result.stderr[-3000:]
+        return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+    report, stderr = resume()  # no checkpoint yet: it runs from round 1
+    assert report["code"] == 0 and report["begun"] == [{"torch": False, "workers": 1}], stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+    report, stderr = resume()
+    assert report == {"code": 2, "begun": [{"torch": False, "workers": 1}], "stopped": True}
+    assert [line for line in stderr.splitlines() if line.strip()] == [f"fedray: {run_dir} already finished all 2 rounds"]
+
+
 def test_the_cli_prints_the_first_round_from_the_process_start(capsys):
     summary = RunSummary(
         run_dir="runs/x", rounds=3, final_test_accuracy=0.5, best_test_accuracy=0.6, best_round=2,
@@ -150,8 +199,7 @@ def test_client_sgd_steps_exactly_like_torch_sgd():
 
 def test_a_client_update_does_not_import_torch_dynamo(tmp_path):
     """torch.optim optimisers import torch._dynamo (~1.5 CPU-s per worker process); SGD clients do not."""
-    import subprocess
-
+    
     probe = textwrap.dedent(
         """
         import sys

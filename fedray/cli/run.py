@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
-from fedray.config import ConfigError, load_config_sections
+from fedray.config import ConfigError, RunConfig, load_config_sections
 
 _IMPORTED = time.monotonic()
 
@@ -27,23 +28,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config's
-    schema is validated first, before torch is imported (a bad value fails in under a second). A
-    local Ray then begins to start in the background while the algorithm's and callbacks' keys (which
-    need their code) and the data are checked; if one of those fails, that Ray is stopped without a
-    word and the error is the only line printed."""
+    schema (a resumed run's saved one) is validated first, before torch is imported (a bad value
+    fails in under a second). A local Ray then begins to start in the background while the
+    algorithm's and callbacks' keys (which need their code) and the data are checked, or the
+    checkpoint is read; if one of those fails, that Ray is stopped without a word and the error is
+    the only line printed."""
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
-        from fedray.runtime import resume_experiment
-
-        before_run = seconds_since_process_start()
-        summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
+        sections = saved_config_sections(Path(args.resume))
     else:
         sections = load_config_sections(args.config, args.overrides)
-        from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
+    from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
 
-        start_local_ray_in_background(sections, args.address)  # overlaps the imports and the data's preparation
-        try:
+    start_local_ray_in_background(sections, args.address)  # overlaps the imports and the data's preparation
+    try:
+        if args.resume:
+            from fedray.runtime import resume_experiment  # imports torch and the algorithms
+
+            before_run = seconds_since_process_start()
+            summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
+        else:
             from fedray.plugins import validate_plugins  # imports torch and the algorithms
 
             config = validate_plugins(sections)
@@ -51,11 +56,19 @@ def run_command(args: argparse.Namespace) -> int:
 
             before_run = seconds_since_process_start()
             summary = run_experiment(config, address=args.address, progress=not args.quiet)
-        except BaseException:
-            abandon_background_start()  # the run failed before it joined the start: stop that Ray quietly
-            raise
+    except BaseException:
+        abandon_background_start()  # the run failed before it joined the start: stop that Ray quietly
+        raise
     print_summary(summary, before_run)
     return 0
+
+
+def saved_config_sections(run_dir: Path) -> RunConfig:
+    """The schema sections of the config a run directory saved (``fedray.runtime`` reads it whole)."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"{run_dir} is not a fedray run directory (no config.yaml)")
+    return load_config_sections(saved)
 
 
 def seconds_since_process_start() -> float:
