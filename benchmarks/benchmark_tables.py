@@ -1,23 +1,20 @@
-"""Pieces shared by the results-table benchmarks (``digits_table.py``, ``real_table.py``): reading a
-finished run's curve back, and plotting mean ± band curves over seeds."""
+"""Pieces shared by the results-table benchmarks (``digits_table.py``, ``real_table.py``): a
+finished run's final, best and curve from its round metrics, and plotting mean ± band curves over seeds."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from fedray.tracking import read_metrics
 
-
-def run_result(run_dir: Path, metric: str, also: Sequence[str] = ()) -> dict[str, Any]:
-    """``final`` and ``best`` value of ``metric`` over the run's evaluated rounds, its ``curve``
-    [(round, value)], and each metric of ``also`` at the final round (``<name>_final``) and at the
-    round where ``metric`` was best (``<name>_at_best``)."""
-    rows = [r for r in read_metrics(run_dir) if r.get(metric) is not None]
+def run_result(rounds: Sequence[dict[str, Any]], metric: str, also: Sequence[str] = ()) -> dict[str, Any]:
+    """``final`` and ``best`` value of ``metric`` over the evaluated rows of ``rounds`` (a run's round
+    metrics, ``read_metrics``), its ``curve`` [(round, value)], and each metric of ``also`` at the
+    final round (``<name>_final``) and at the round where ``metric`` was best (``<name>_at_best``)."""
+    rows = [r for r in rounds if r.get(metric) is not None]
     if not rows:
-        raise ValueError(f"{run_dir}: no round reports {metric!r}")
+        raise ValueError(f"no round reports {metric!r}")
     best_row = max(rows, key=lambda r: r[metric])
     return {
         "final": rows[-1][metric],

@@ -32,6 +32,7 @@ import numpy as np
 from benchmark_tables import plot_mean_band, run_result
 from fedray import load_config
 from fedray.runtime import run_experiment
+from fedray.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOL = [
@@ -55,7 +56,7 @@ def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[st
     config = load_config(base if base.is_file() else None, overrides if base.is_file() else overrides + [f"algorithm.name={algorithm}"])
     started = time.perf_counter()
     summary = run_experiment(config, progress=False)
-    result = run_result(Path(summary.run_dir), metric, also)
+    result = run_result(read_metrics(summary.run_dir), metric, also)
     return {"algorithm": algorithm, "alpha": alpha, "seed": seed, "seconds": time.perf_counter() - started, **result}
 
 

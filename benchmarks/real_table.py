@@ -287,9 +287,10 @@ def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str,
                 run_experiment(config, run_dir=run_dir, progress=False)
         except TrainingDiverged as error:  # a result of these hyperparameters, not a failure of the benchmark
             diverged_round = error.round
-    totals = round_totals(run_dir)
+    metrics = read_metrics(run_dir)  # round rows only (its default scope)
+    totals = round_totals(metrics)
     try:
-        result = run_result(run_dir, spec["metric"], spec["also"])
+        result = run_result(metrics, spec["metric"], spec["also"])
     except ValueError:  # it diverged before its first evaluation
         if diverged_round is None:
             raise
@@ -302,10 +303,10 @@ def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str,
     }
 
 
-def round_totals(run_dir: Path) -> dict[str, float]:
-    """Over all the run's rounds, across resumes: ``excluded_updates`` (client updates left out of
-    aggregation as non-finite, NaN/inf) and ``seconds`` (training and evaluation, start-ups not counted)."""
-    rounds = read_metrics(run_dir)  # round rows only (its default scope)
+def round_totals(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Over all of a run's ``rounds`` (its round metrics, across resumes): ``excluded_updates`` (client
+    updates left out of aggregation as non-finite, NaN/inf) and ``seconds`` (training and evaluation,
+    start-ups not counted)."""
     return {key: sum(row[key] for row in rounds) for key in ("excluded_updates", "seconds")}
 
 
