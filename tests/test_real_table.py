@@ -1,11 +1,15 @@
-"""The bookkeeping of benchmarks/real_table.py (Ray-free): which tuned values an entry gets, and which
-finished entries still count after a sweep changes them."""
+"""The bookkeeping of benchmarks/real_table.py (Ray-free but one): which tuned values an entry gets,
+which finished entries still count after a sweep changes them, and what an entry's result holds."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
+
+from fedray import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import real_table  # noqa: E402
@@ -144,3 +148,19 @@ def test_a_fallback_result_is_marked_in_its_cell_and_listed():
     line = real_table.fallback_line([fell_back, tuned], "personalised")
     assert "fedavg shards2 seed 0 (lr 0.2 diverged in round 3; shown at lr 0.1)" in line and "seed 1" not in line
     assert real_table.fallback_line([tuned], "personalised").endswith("grid: none.")
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_an_entry_runs_once_then_is_read_back_with_its_totals(ray_session, tmp_path, tiny_overrides):
+    config = load_config(None, [*tiny_overrides, "eval.every=2"])
+    run_dir, spec = tmp_path / "entry", real_table.GROUPS["global"]
+    result = real_table.run_or_resume(config, run_dir, spec)
+    finished = (run_dir / "summary.json").stat().st_mtime_ns
+
+    assert (result["rounds"], result["diverged"], result["excluded_updates"]) == (4, "", 0)
+    assert [r for r, _ in result["curve"]] == [2, 4]
+    assert result["final"] == result["curve"][-1][1] and result["best"] == max(v for _, v in result["curve"])
+    assert result["seconds"] > 0 and result["seconds_per_round"] == pytest.approx(result["seconds"] / 4, abs=0.05)
+    assert real_table.run_or_resume(config, run_dir, spec) == result  # read back, not run again
+    assert (run_dir / "summary.json").stat().st_mtime_ns == finished
