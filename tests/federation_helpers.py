@@ -14,7 +14,7 @@ from fedray import load_config
 from fedray.algorithms.base import RoundResults, ServerState
 from fedray.data import build_federated_dataset
 from fedray.runtime.reduction import merge_partials
-from fedray.runtime.scheduler import assign_clients
+from fedray.runtime.scheduler import assign_clients, client_forward_flops
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 from fedray.seeding import sample_cohort
@@ -33,7 +33,8 @@ class Federation:
         self.worker = self.workers[0]
         self.algorithm = self.worker.algorithm
         self.num_clients = data.num_clients
-        self.client_sizes = data.clients.sizes
+        self.client_flops = client_forward_flops(self.algorithm, data)
+        self.client_costs = data.clients.sizes * self.config.train.local_epochs * self.client_flops
         self.test_sizes = None if data.client_test is None else data.client_test.sizes
         self.versions = np.full(self.num_clients, NO_STATE, dtype=np.int64)  # round of each client's stored state
         torch.manual_seed(self.config.seed)
@@ -53,8 +54,7 @@ class Federation:
         if clients is None:
             clients = sample_cohort(self.config.seed, round, self.num_clients, self.config.train.clients_per_round)
         clients = np.asarray(clients)
-        assignment = assign_clients(clients, self.client_sizes[clients].astype(float), len(self.workers),
-                                    sticky=self.algorithm.keeps_client_state)
+        assignment = assign_clients(clients, self.client_costs[clients], len(self.workers), sticky=self.algorithm.keeps_client_state)
         broadcast = self.algorithm.broadcast(self.state, round)
         partials = [w.run_clients(round, self.tasks(ids), broadcast) for w, ids in zip(self.workers, assignment) if ids]
         for partial in partials:
@@ -77,7 +77,8 @@ class Federation:
         broadcast = self.algorithm.broadcast(self.state, round + 1)
         clients = np.flatnonzero(self.test_sizes > 0)
         per_client = {}
-        for worker, ids in zip(self.workers, assign_clients(clients, self.test_sizes[clients].astype(float), len(self.workers))):
+        costs = self.test_sizes[clients] * self.client_flops[clients]
+        for worker, ids in zip(self.workers, assign_clients(clients, costs, len(self.workers))):
             per_client.update(worker.evaluate_clients(round, self.tasks(ids), broadcast))
         return per_client
 

@@ -13,13 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from fedray import load_config
 from fedray.algorithms.base import ClientUpdate
+from fedray.data import build_federated_dataset
 from fedray.runtime import TrainingDiverged
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.scheduler import assign_clients
+from fedray.runtime.scheduler import assign_clients, client_forward_flops
 from fedray.seeding import derive_seed, sample_cohort, seed_client
 from fedray.runtime.state_store import NO_STATE, ClientStateStore
+from fedray.runtime.worker import build_algorithm
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cohort_depends_on_seed_and_round_only():
@@ -63,6 +68,30 @@ def test_schedule_moves_clients_off_an_overloaded_home():
     ids = np.array([0, 4, 8, 12])  # all at home on worker 0 of 4
     parts = assign_clients(ids, np.ones(4), 4)
     assert [len(p) for p in parts] == [1, 1, 1, 1]
+
+
+def test_clients_with_wider_models_cost_more_and_are_spread_over_the_workers():
+    """Hetero-SSFL's round-robin widths 16/32 share their parity with the home worker (client id mod
+    2): costed by samples alone, every wide client went to one worker while the other waited."""
+    config = load_config(REPO / "examples" / "hetero_ssfl_digits.yaml", ["data.num_clients=40"])
+    data = build_federated_dataset(config.data, config.seed)
+    flops = client_forward_flops(build_algorithm(config, data), data)
+    assert flops[1] / flops[0] > 3 and np.array_equal(flops[0::2], np.full(20, flops[0])) and np.array_equal(flops[1::2], np.full(20, flops[1]))
+
+    work = data.clients.sizes * flops  # what a worker's time is proportional to
+    def slowest_over_mean(costs: np.ndarray) -> float:
+        ratios = []
+        for round in range(1, 21):
+            cohort = sample_cohort(config.seed, round, data.num_clients, config.train.clients_per_round)
+            loads = [work[part].sum() for part in assign_clients(cohort, costs[cohort], 2)]
+            ratios.append(max(loads) / np.mean(loads))
+        return float(np.mean(ratios))
+
+    assert slowest_over_mean(data.clients.sizes * 1.0) > 1.3  # samples only
+    assert slowest_over_mean(data.clients.sizes * flops) < 1.12
+
+    one_model = load_config(None, ["data.num_clients=40"])
+    assert np.array_equal(client_forward_flops(build_algorithm(one_model, data), data), np.ones(40))  # assignments as before
 
 
 def update(value: float, n: int) -> ClientUpdate:

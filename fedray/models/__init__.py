@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from fedray.models.base import FedModel
 from fedray.models.cnn import CifarCNN, SmallCNN
@@ -70,6 +72,16 @@ def build_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
     return model
 
 
+def forward_flops(model: FedModel, info: DatasetInfo) -> int:
+    """FLOPs of ``model``'s forward pass (features and logits) on one ``info``-shaped image, as
+    counted by PyTorch's ``FlopCounterMode``: a client's compute per sample, for load balancing."""
+    image = torch.zeros(1, info.channels, info.image_size, info.image_size)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model.eval()(image)
+    return counter.get_total_flops()
+
+
 __all__ = [
     "MODEL_NAMES",
     "CifarCNN",
@@ -77,6 +89,7 @@ __all__ = [
     "ResNet",
     "SmallCNN",
     "build_model",
+    "forward_flops",
     "get_flat_weights",
     "num_flat_weights",
     "projection_head",

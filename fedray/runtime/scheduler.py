@@ -6,18 +6,30 @@ it only when that would push the home's load past the balanced share by more tha
 without, each client goes to the least-loaded worker: on Fashion-MNIST with Dirichlet α = 0.5 and 10
 clients on 2 workers the slowest worker's load drops from 5 % to 1.3 % over the mean
 (docs/performance.md). The result depends only on the inputs.
+
+A client's cost is its samples × local epochs × its model's forward FLOPs per image
+(:func:`client_forward_flops`; the same for every client unless the algorithm gives clients
+different models).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from fedray.models import forward_flops
+
+if TYPE_CHECKING:
+    from fedray.algorithms import Algorithm
+    from fedray.data import FederatedDataset
 
 
 def assign_clients(
     client_ids: np.ndarray, costs: np.ndarray, num_workers: int, slack: float = 0.1, sticky: bool = True
 ) -> list[list[int]]:
     """Client ids per worker (each list ascending). ``costs[i]`` is the cost of ``client_ids[i]``
-    (samples × epochs); ``sticky``: keep clients on their home worker within ``slack``."""
+    (see the module docstring); ``sticky``: keep clients on their home worker within ``slack``."""
     client_ids = np.asarray(client_ids, dtype=np.int64)
     costs = np.asarray(costs, dtype=np.float64)
     share = costs.sum() / num_workers * (1.0 + slack)
@@ -30,3 +42,15 @@ def assign_clients(
         loads[worker] += costs[i]
         assigned[worker].append(int(client_ids[i]))
     return [sorted(ids) for ids in assigned]
+
+
+def client_forward_flops(algorithm: Algorithm, data: FederatedDataset) -> np.ndarray:
+    """``[num_clients]`` forward FLOPs per image of each client's model: the per-sample factor of
+    the scheduler's costs. It matters where clients' models differ: Hetero-SSFL's round-robin widths
+    (16 and 32) differ ~3.7× in compute and, with home worker ``client_id mod W``, would otherwise put
+    every wide client on one worker while the other waits."""
+    keys = [algorithm.model_key(client_id) for client_id in range(data.num_clients)]
+    if len(set(keys)) == 1:  # one model scales every cost alike; spare the FLOP counter's ~2 s first use
+        return np.ones(data.num_clients)
+    flops = {key: forward_flops(algorithm.build_model(key), data.info) for key in dict.fromkeys(keys)}
+    return np.array([flops[key] for key in keys], dtype=np.float64)

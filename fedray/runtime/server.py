@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.scheduler import assign_clients
+from fedray.runtime.scheduler import assign_clients, client_forward_flops
 from fedray.seeding import sample_cohort
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientTask, ClientWorker, build_algorithm
@@ -94,10 +94,11 @@ class Server:
         self.data_ref = data_ref  # a list, so that Ray passes the reference on instead of the data
         data: FederatedDataset = ray.get(data_ref[0])
         self.num_clients = data.num_clients
-        self.client_costs = data.clients.sizes.astype(np.float64) * self.config.train.local_epochs
         self.client_test_sizes = None if data.client_test is None else data.client_test.sizes.astype(np.float64)
         self.run_dir = run_dir
         self.algorithm = build_algorithm(self.config, data)
+        self.client_flops = client_forward_flops(self.algorithm, data)
+        self.client_costs = data.clients.sizes * self.config.train.local_epochs * self.client_flops
         torch.manual_seed(self.config.seed)
         self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
         # round in which each client last stored state; the same as of each kept checkpoint (oldest
@@ -221,7 +222,7 @@ class Server:
         """The mean of each metric over the named clients that report it (algorithms without a
         global model evaluate every client's own model on the global test set)."""
         by_client = self._evaluate_each_client(
-            "evaluate_clients_on_test_set", round, np.asarray(clients), np.ones(len(clients)), broadcast
+            "evaluate_clients_on_test_set", round, np.asarray(clients), self.client_flops[clients], broadcast
         )
         per_client = list(by_client.values())
         names = dict.fromkeys(name for metrics in per_client for name in metrics)
@@ -232,7 +233,8 @@ class Server:
         accuracies) over every client's held-out split."""
         assert self.client_test_sizes is not None
         clients = np.flatnonzero(self.client_test_sizes > 0)
-        per_client = self._evaluate_each_client("evaluate_clients", round, clients, self.client_test_sizes[clients], broadcast)
+        costs = self.client_test_sizes[clients] * self.client_flops[clients]
+        per_client = self._evaluate_each_client("evaluate_clients", round, clients, costs, broadcast)
         accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
         correct = sum(s["correct"] for s in per_client.values())
         count = sum(s["count"] for s in per_client.values())
