@@ -16,10 +16,23 @@ import argparse
 import numpy as np
 
 from fedray import load_config
+from fedray.config import RunConfig
 from fedray.data import build_federated_dataset
 from fedray.runtime.scheduler import assign_clients, client_forward_flops
 from fedray.runtime.worker import build_algorithm
 from fedray.seeding import sample_cohort
+
+
+def slowest_over_mean(config: RunConfig, costs: np.ndarray, compute: np.ndarray, rounds: int, sticky: bool) -> float:
+    """Mean over rounds 1..``rounds`` of the slowest worker's ``compute`` over the workers' mean,
+    each round's cohort placed by ``assign_clients`` with ``costs`` (both ``[num_clients]``)."""
+    ratios = []
+    for round in range(1, rounds + 1):
+        cohort = sample_cohort(config.seed, round, config.data.num_clients, config.train.clients_per_round)
+        parts = assign_clients(cohort, costs[cohort], config.resources.num_workers, sticky=sticky)
+        loads = [compute[part].sum() for part in parts]
+        ratios.append(max(loads) / np.mean(loads))
+    return float(np.mean(ratios))
 
 
 def main() -> None:
@@ -34,20 +47,10 @@ def main() -> None:
     algorithm = build_algorithm(config, data)
     samples = data.clients.sizes * config.train.local_epochs
     compute = samples * client_forward_flops(algorithm, data)
-    workers = config.resources.num_workers
-
-    def slowest_over_mean(costs: np.ndarray) -> float:
-        ratios = []
-        for round in range(1, args.rounds + 1):
-            cohort = sample_cohort(config.seed, round, data.num_clients, config.train.clients_per_round)
-            parts = assign_clients(cohort, costs[cohort], workers, sticky=algorithm.keeps_client_state)
-            loads = [compute[part].sum() for part in parts]
-            ratios.append(max(loads) / np.mean(loads))
-        return float(np.mean(ratios))
-
-    print(f"{config.algorithm.name}, {data.num_clients} clients, {workers} workers, {args.rounds} rounds: "
-          f"slowest worker's compute / mean {slowest_over_mean(samples * 1.0):.3f} (costed by samples) -> "
-          f"{slowest_over_mean(compute):.3f} (by samples × model FLOPs)")
+    before, after = (slowest_over_mean(config, costs, compute, args.rounds, algorithm.keeps_client_state)
+                     for costs in (samples * 1.0, compute))
+    print(f"{config.algorithm.name}, {data.num_clients} clients, {config.resources.num_workers} workers, {args.rounds} rounds: "
+          f"slowest worker's compute / mean {before:.3f} (costed by samples) -> {after:.3f} (by samples × model FLOPs)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from fedray.runtime.state_store import NO_STATE, ClientStateStore
 from fedray.runtime.worker import build_algorithm
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from schedule_balance import slowest_over_mean  # noqa: E402
 
 
 def test_cohort_depends_on_seed_and_round_only():
@@ -79,16 +81,8 @@ def test_clients_with_wider_models_cost_more_and_are_spread_over_the_workers():
     assert flops[1] / flops[0] > 3 and np.array_equal(flops[0::2], np.full(20, flops[0])) and np.array_equal(flops[1::2], np.full(20, flops[1]))
 
     work = data.clients.sizes * flops  # what a worker's time is proportional to
-    def slowest_over_mean(costs: np.ndarray) -> float:
-        ratios = []
-        for round in range(1, 21):
-            cohort = sample_cohort(config.seed, round, data.num_clients, config.train.clients_per_round)
-            loads = [work[part].sum() for part in assign_clients(cohort, costs[cohort], 2)]
-            ratios.append(max(loads) / np.mean(loads))
-        return float(np.mean(ratios))
-
-    assert slowest_over_mean(data.clients.sizes * 1.0) > 1.3  # samples only
-    assert slowest_over_mean(data.clients.sizes * flops) < 1.12
+    assert slowest_over_mean(config, data.clients.sizes * 1.0, work, rounds=20, sticky=True) > 1.3  # samples only
+    assert slowest_over_mean(config, work, work, rounds=20, sticky=True) < 1.12
 
     one_model = load_config(None, ["data.num_clients=40"])
     assert np.array_equal(client_forward_flops(build_algorithm(one_model, data), data), np.ones(40))  # assignments as before

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
-from fedray.config import ConfigError, RunConfig, load_config_sections
+from fedray.config import ConfigError, load_config_sections, saved_config_path
 
 _IMPORTED = time.monotonic()
 
@@ -36,7 +35,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
-        sections = saved_config_sections(Path(args.resume))
+        sections = load_config_sections(saved_config_path(args.resume))
     else:
         sections = load_config_sections(args.config, args.overrides)
     from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
@@ -61,14 +60,6 @@ def run_command(args: argparse.Namespace) -> int:
         raise
     print_summary(summary, before_run)
     return 0
-
-
-def saved_config_sections(run_dir: Path) -> RunConfig:
-    """The schema sections of the config a run directory saved (``fedray.runtime`` reads it whole)."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise ConfigError(f"{run_dir} is not a fedray run directory (no config.yaml)")
-    return load_config_sections(saved)
 
 
 def seconds_since_process_start() -> float:

@@ -1,11 +1,13 @@
 """Run configuration: typed sections, YAML loading, ``--set`` overrides, validation."""
 
 from fedray.config.loader import (
+    SAVED_CONFIG_FILE,
     ConfigError,
     apply_overrides,
     load_config_sections,
     read_yaml,
     save_config,
+    saved_config_path,
     set_key,
     validate_config,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "OutputConfig",
     "ResourcesConfig",
     "RunConfig",
+    "SAVED_CONFIG_FILE",
     "SyntheticConfig",
     "TrainConfig",
     "apply_overrides",
@@ -41,6 +44,7 @@ __all__ = [
     "load_config_sections",
     "read_yaml",
     "save_config",
+    "saved_config_path",
     "set_key",
     "validate_config",
 ]

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from fedray.config.schema import RunConfig
 
+SAVED_CONFIG_FILE = "config.yaml"  # what every run writes into its directory
+
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what is allowed."""
@@ -197,6 +199,15 @@ def load_config_sections(path: str | Path | None = None, overrides: Iterable[str
     :func:`fedray.load_config` (:func:`fedray.plugins.load_config`) for a complete run config."""
     raw = read_yaml(path) if path is not None else {}
     return validate_config(apply_overrides(raw, overrides))
+
+
+def saved_config_path(run_dir: str | Path) -> Path:
+    """The config a run saved in ``run_dir`` (:data:`SAVED_CONFIG_FILE`); a :class:`ConfigError`
+    if there is none (``run_dir`` is not a fedray run directory)."""
+    path = Path(run_dir) / SAVED_CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a fedray run directory (no {SAVED_CONFIG_FILE})")
+    return path
 
 
 def save_config(config: RunConfig, path: str | Path) -> None:

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from fedray.cluster.placement import WorkerPlacement
 from fedray.algorithms import algorithm_label, get_algorithm_class
-from fedray.config import ConfigError, RunConfig, save_config
+from fedray.config import SAVED_CONFIG_FILE, ConfigError, RunConfig, save_config, saved_config_path
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
@@ -46,7 +46,6 @@ from fedray.tracking import (
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
 logger = logging.getLogger(__name__)
-CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 
 
@@ -309,7 +308,7 @@ def run_experiment(
 
     group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / CONFIG_FILE)
+    save_config(config, run_dir / SAVED_CONFIG_FILE)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
     callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
@@ -444,9 +443,7 @@ def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first
 def resume_experiment(run_dir: str | Path, **kwargs: Any) -> RunSummary:
     """Continue the run in ``run_dir`` from its latest checkpoint (from round 1 if it has none)."""
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise ConfigError(f"{run_dir} is not a fedray run directory (no {CONFIG_FILE})")
-    config = load_config(run_dir / CONFIG_FILE)
+    config = load_config(saved_config_path(run_dir))
     if list_checkpoints(run_dir) and (run_dir / SUMMARY_FILE).is_file():
         done = json.loads((run_dir / SUMMARY_FILE).read_text())
         if done.get("rounds") == config.train.rounds:
