@@ -381,8 +381,8 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     its trials to the tuning CSV with the best one ``chosen``. ``trust_tune_state``: see ``fedray
     tune --resume --trust-tune-state``."""
     from fedray.tune import resume_sweep, run_sweep
-    from fedray.tune.results import META_FILE, TRIALS_FILE, read_meta, read_table
-    from fedray.tune.spec import SWEEP_FILE
+    from fedray.layout import META_FILE, SWEEP_FILE, TRIALS_FILE
+    from fedray.tune.results import read_meta, read_table
     from fedray.tune.summary import ranked_trials
 
     spec = load_sweep(SWEEPS / f"{sweep}.yaml")

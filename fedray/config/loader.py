@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedray.config.schema import RunConfig
+from fedray.layout import SAVED_CONFIG_FILE
 
-SAVED_CONFIG_FILE = "config.yaml"  # what every run writes into its directory
 
 
 class ConfigError(ValueError):

@@ -43,20 +43,14 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedray.config.schema import OutputConfig
-from fedray.tracking.metrics_file import PARTS_DIR, read_metrics_table
+from fedray.layout import (ERROR, LEARNING_CURVE_PLOT, META_FILE, PARTITION_PLOT, PENDING, ROUNDS_FILE, RUNNING,
+                           SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE)
+from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR, read_metrics_table
 
-# File names of the sweep directory contract and of a fedray run directory.
-META_FILE = "meta.json"
-TRIALS_FILE = "trials.parquet"
-ROUNDS_FILE = "rounds.parquet"
-SWEEP_SPEC_FILE = "sweep.yaml"
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.parquet"
-SUMMARY_FILE = "summary.json"
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
-RUN_FILES = ("config.yaml", "partition.png", "learning_curve.png", "summary.json")
+RUN_FILES = (SAVED_CONFIG_FILE, PARTITION_PLOT, LEARNING_CURVE_PLOT, SUMMARY_FILE)
 #: The files whose change means a run made progress (metrics arrive as Parquet parts while it runs).
-RUN_PROGRESS_FILES = (CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)
+RUN_PROGRESS_FILES = (SAVED_CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)
 
 DEFAULT_METRIC = "test_accuracy"
 MAX_CURVE_POINTS = 500
@@ -70,7 +64,7 @@ ALGORITHM_KEY = "algorithm.name"
 # Symbols of the hyperparameters in trial labels (``fedsc τ=0.1 M=3 α=0.5``); other keys go by their last part.
 SYMBOLS = {"algorithm.tau": "τ", "algorithm.num_neighbors": "M", "algorithm.beta": "β", "algorithm.mu": "μ", "data.alpha": "α"}
 # Statuses of a trial that ended without finishing: no final value, shown as failed with their error.
-FAILED_STATUSES = ("ERROR", "INTERRUPTED", "STALLED")
+FAILED_STATUSES = (ERROR, "INTERRUPTED", "STALLED")
 # A run (or a sweep that says "running") whose files have not changed for longer than
 # max(STALE_AFTER_S, STALE_ROUNDS × its slowest round) is taken for dead (crashed, killed, machine lost).
 STALE_AFTER_S = 600.0
@@ -362,11 +356,11 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file()
+    return (path / SAVED_CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file()
 
 
 def is_sweep_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_SPEC_FILE))
+    return any((path / name).is_file() for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE))
 
 
 def detect_kind(path: Path) -> Kind:
@@ -533,7 +527,7 @@ class DashboardData:
         """The files whose change means the overview changed. (A trial's ``config.yaml`` is written when
         it starts, before it reports a metric, so the best trial's config needs no watching.)"""
         if kind == "sweep":
-            return [self.root / name for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_SPEC_FILE)]
+            return [self.root / name for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE)]
         return [d / name for d in self.run_dirs(kind) for name in RUN_PROGRESS_FILES]
 
     def idle_seconds(self, paths: list[Path]) -> float | None:
@@ -598,7 +592,7 @@ class DashboardData:
             text = f"{name} holds sweep directories, not one sweep: open one of them ({', '.join(sweeps[:10])}{', ...' if len(sweeps) > 10 else ''})."
         else:
             text = (
-                f"Nothing to show yet in {name}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {CONFIG_FILE}/{METRICS_FILE} "
+                f"Nothing to show yet in {name}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {SAVED_CONFIG_FILE}/{METRICS_FILE} "
                 "(a run) and no run directories inside. This page updates by itself when a sweep or run starts writing here."
             )
         return self._base(kind, version, messages=[Message("info" if not sweeps else "warning", text)])
@@ -676,9 +670,9 @@ class DashboardData:
                                                f"probably died (killed, or its machine lost). `fedray tune --resume {self.root.name}` continues it."))
             status = "stalled"
         for trial in trials:
-            if trial["status"] == "ERROR" and not trial["error"]:
+            if trial["status"] == ERROR and not trial["error"]:
                 trial["error"] = "the trial failed; no error message was recorded"
-            if trial["status"] in ("RUNNING", "PENDING") and status in ("finished", "failed", "stalled"):
+            if trial["status"] in (RUNNING, PENDING) and status in ("finished", "failed", "stalled"):
                 how = "stopped writing" if status == "stalled" else f"ended ({status})"
                 trial["status"] = "INTERRUPTED"
                 trial["error"] = f"the sweep {how} before this trial finished; `fedray tune --resume` continues it"
@@ -693,7 +687,7 @@ class DashboardData:
     def _categorical_keys(self, swept_keys: list[str], trials: list[dict[str, Any]], messages: list[Message]) -> list[str]:
         """The swept keys searched over listed values (``grid``/``choice`` in ``sweep.yaml``); without that
         file, the keys whose values are not all non-integer numbers."""
-        spec = self.cache.read(self.root / SWEEP_SPEC_FILE, read_yaml_mapping, messages) or {}
+        spec = self.cache.read(self.root / SWEEP_FILE, read_yaml_mapping, messages) or {}
         space = spec.get("space") if isinstance(spec.get("space"), dict) else None
         if space is not None:
             return [k for k in swept_keys if isinstance(space.get(k), dict) and next(iter(space[k]), None) in CATEGORICAL_DOMAINS]
@@ -709,7 +703,7 @@ class DashboardData:
         frames: list[pd.DataFrame] = []
         for run_dir in run_dirs:
             trial_id = run_dir.name
-            config = self.cache.read(run_dir / CONFIG_FILE, read_yaml_mapping, messages) or {}
+            config = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_yaml_mapping, messages) or {}
             summary = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             rounds = self._run_round_rows(run_dir, messages)
             frames.append(rounds.assign(trial_id=trial_id))
@@ -717,10 +711,10 @@ class DashboardData:
             seconds = summary.get("seconds") if summary else (rounds["seconds"].sum() if "seconds" in rounds.columns else None)
             if "seconds" in rounds.columns:
                 self._longest_round[trial_id] = float(pd.to_numeric(rounds["seconds"], errors="coerce").max() or 0.0)
-            status, error = "TERMINATED", None
+            status, error = TERMINATED, None
             if summary is None:
-                status = "RUNNING" if len(rounds) else "PENDING"
-                run_files = [run_dir / n for n in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
+                status = RUNNING if len(rounds) else PENDING
+                run_files = [run_dir / n for n in (SAVED_CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
                 if self.is_stale(trial_id, run_files):
                     status = "STALLED"
                     error = (f"no {SUMMARY_FILE} and no file written for {format_duration(self.idle_seconds(run_files) or 0.0)}: the run probably "
@@ -765,9 +759,9 @@ class DashboardData:
         if trial_id is None:
             return None
         run_dir = self.trial_run_dir(trial_id, trials)
-        path = None if run_dir is None else run_dir / CONFIG_FILE
+        path = None if run_dir is None else run_dir / SAVED_CONFIG_FILE
         if path is None or not path.is_file():
-            messages.append(Message("warning", f"The best trial {trial_id} has no {CONFIG_FILE} here (was the sweep copied without trials/?)."))
+            messages.append(Message("warning", f"The best trial {trial_id} has no {SAVED_CONFIG_FILE} here (was the sweep copied without trials/?)."))
             return None
         text = self.cache.read(path, read_text, messages)
         try:
@@ -788,7 +782,7 @@ class DashboardData:
         else:
             trial = self._trial(trial_id, trials)
             recorded = trial.get("run_dir") if trial else None
-            candidates = ([self.root / recorded] if isinstance(recorded, str) and recorded else []) + [self.root / "trials" / trial_id]
+            candidates = ([self.root / recorded] if isinstance(recorded, str) and recorded else []) + [self.root / TRIALS_DIR / trial_id]
         for candidate in candidates:
             resolved = inside(candidate, self.root)
             if resolved is not None and resolved.is_dir():
@@ -845,7 +839,7 @@ class DashboardData:
         else:
             view["run_dir"] = str(run_dir.relative_to(self.root)) or "."
             metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
-            view["config"] = self.cache.read(run_dir / CONFIG_FILE, read_text, messages)
+            view["config"] = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_text, messages)
             view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             files = {name: self.run_file(trial_id, name) for name in RUN_FILES}
             view["files"] = {name: file_stamp(path)[0] for name, path in files.items() if path is not None and file_stamp(path)}  # mtime: busts the browser cache

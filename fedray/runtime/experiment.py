@@ -23,8 +23,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from fedray.cluster.placement import WorkerPlacement
 from fedray.algorithms import algorithm_label, get_algorithm_class
-from fedray.config import SAVED_CONFIG_FILE, ConfigError, RunConfig, save_config, saved_config_path
+from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.data import FederatedDataset, build_federated_dataset
+from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
 from fedray.runtime.ray_start import check_address, check_local_resources, ensure_ray, starts_local_ray
@@ -46,7 +47,6 @@ from fedray.tracking import (
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
 logger = logging.getLogger(__name__)
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass

@@ -27,10 +27,11 @@ try:
 except ImportError:
     raise ImportError("the MLflow callback needs MLflow: pip install 'fedray[mlflow]'") from None
 
+from fedray.layout import LEARNING_CURVE_PLOT, PARTITION_PLOT, SAVED_CONFIG_FILE
 from fedray.tracking.callbacks import Callback, RunContext
 
 RUN_DIR_TAG = "fedray.run_dir"
-ARTIFACTS = ("config.yaml", "learning_curve.png", "partition.png")
+ARTIFACTS = (SAVED_CONFIG_FILE, LEARNING_CURVE_PLOT, PARTITION_PLOT)
 
 
 def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.layout import LEARNING_CURVE_PLOT, PARTITION_PLOT
 from fedray.tracking.callbacks import Callback, RunContext
 
 
@@ -71,11 +72,11 @@ class Plots(Callback):
 
     def on_run_start(self, run: RunContext) -> None:
         counts = run.data.label_distribution(PARTITION_PLOT_CLIENTS)  # only those shown: 1,000,000 clients would take 80 MB
-        plot_partition(counts, run.run_dir / "partition.png", self._title(run), run.data.num_clients)
+        plot_partition(counts, run.run_dir / PARTITION_PLOT, self._title(run), run.data.num_clients)
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         if row["round"] % run.config.checkpoint.every == 0:
-            plot_learning_curve(run.history, run.run_dir / "learning_curve.png", self._title(run))
+            plot_learning_curve(run.history, run.run_dir / LEARNING_CURVE_PLOT, self._title(run))
 
     def on_run_end(self, run: RunContext) -> None:
-        plot_learning_curve(run.history, run.run_dir / "learning_curve.png", self._title(run))
+        plot_learning_curve(run.history, run.run_dir / LEARNING_CURVE_PLOT, self._title(run))

@@ -8,7 +8,8 @@ from typing import Any
 from ray import tune
 from tqdm.auto import tqdm
 
-from fedray.tune.results import ERROR, RUNNING, STOPPED_EARLY, TERMINATED, SweepResults
+from fedray.layout import ERROR, RUNNING, STOPPED_EARLY, TERMINATED
+from fedray.tune.results import SweepResults
 from fedray.tune.summary import format_metric
 
 

@@ -33,15 +33,11 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from fedray.layout import (ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOPPED_EARLY, TERMINATED, TRIALS_DIR,
+                           TRIALS_FILE)
 from fedray.tracking.metrics_file import write_parquet_atomically
 from fedray.tune.spec import Domain, SweepSpec
 
-TRIALS_FILE = "trials.parquet"
-ROUNDS_FILE = "rounds.parquet"
-META_FILE = "meta.json"
-TRIALS_DIR = "trials"
-
-PENDING, RUNNING, TERMINATED, ERROR, STOPPED_EARLY = "PENDING", "RUNNING", "TERMINATED", "ERROR", "STOPPED_EARLY"
 #: The result key of a trial that failed on its config (its value: the error message).
 CONFIG_ERROR = "fedray_config_error"
 _TRIAL_COLUMNS = {

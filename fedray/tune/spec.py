@@ -55,7 +55,6 @@ Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
 #: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
 METRICS = ("test_accuracy", "test_loss", "train_loss", "personal_accuracy", "personal_accuracy_std")
-SWEEP_FILE = "sweep.yaml"
 #: The most trials one sweep may have: Tune keeps every trial in memory and in its experiment state.
 MAX_TRIALS = 10_000
 #: The most trial shapes validated before Ray starts (each builds its data partition and algorithm).

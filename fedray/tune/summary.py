@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedray.tune.results import ERROR, ROUNDS_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE, read_meta, read_table
+from fedray.layout import ERROR, ROUNDS_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE
+from fedray.tune.results import read_meta, read_table
 
 COMPARISON_FILE = "comparison.md"
 ALGORITHM_KEY = "algorithm.name"

@@ -31,9 +31,10 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from fedray.config import ConfigError
 from fedray.plugins import check_ray_imports, job_runtime_env, user_module_paths
 from fedray.tune.progress import SweepProgress
-from fedray.tune.results import ERROR, META_FILE, PENDING, RUNNING, TRIALS_FILE, SweepResults, set_meta_status, write_meta
+from fedray.layout import ERROR, META_FILE, PENDING, RUNNING, SWEEP_FILE, TRIALS_FILE
+from fedray.tune.results import SweepResults, set_meta_status, write_meta
 from fedray.tune.schedulers import SchedulerState, make_scheduler
-from fedray.tune.spec import SWEEP_FILE, SweepSpec, load_sweep, trial_cpus
+from fedray.tune.spec import SweepSpec, load_sweep, trial_cpus
 from fedray.tune.trainable import run_trial, trial_resources
 from fedray.tune.trust import TuneStateRecorder, record_tune_state, verify_tune_state
 

@@ -50,9 +50,10 @@ from ray.util.placement_group import get_current_placement_group
 from fedray.config import ConfigError, RunConfig
 from fedray.runtime import list_checkpoints, run_experiment
 from fedray.runtime.checkpoint import checkpoint_dir
-from fedray.runtime.experiment import SUMMARY_FILE, default_callbacks
+from fedray.layout import SUMMARY_FILE
+from fedray.runtime.experiment import default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
-from fedray.tracking.metrics_file import PARTS_DIR
+from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
 from fedray.tune.pool import warm_server
 from fedray.tune.results import CONFIG_ERROR, engine_metrics, trial_run_dir
 from fedray.tune.spec import SweepSpec
@@ -62,7 +63,6 @@ FIRST_WORKER_BUNDLE = 1
 CHECKPOINT_FILE = "fedray_checkpoint.json"
 PLACEMENT_FILE = "placement.json"
 EXPLOITS_FILE = "exploits.json"
-METRICS_FILE = "metrics.parquet"
 CLIENT_STATE_DIR = "client_state"
 ENGINE_STATE_DIR = "engine"  # inside a Tune checkpoint: the engine state a PBT exploit clones
 
