@@ -39,7 +39,7 @@ def main() -> None:
     rows, probed = [], set()
     for algorithm_name in ALGORITHMS:
         for seed in args.seeds:
-            config = real_table.config_for(algorithm_name, "dir0.1", seed, [], tuning)
+            config = real_table.config_for(algorithm_name, real_table.GROUPS["ssl"]["settings"][0], seed, [], tuning)
             data = build_federated_dataset(config.data, config.seed)
             algorithm = build_algorithm(config, data)
             params = algorithm.params

@@ -7,9 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedray import load_config
+from fedray.data.partition import partition_labels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import real_table  # noqa: E402
@@ -35,9 +37,9 @@ def test_an_entry_takes_its_sweeps_chosen_values():
 def test_a_variant_keeps_the_key_that_defines_it():
     ablation = real_table.config_for("fedrcl_beta0", "dir0.1", 0, [], TUNING)
     assert (ablation.train.lr, ablation.algorithm.beta) == (0.1, 0.0)
-    local_ssl = real_table.config_for("hetero_ssfl_local", "dir0.1", 0, [], TUNING)
+    local_ssl = real_table.config_for("hetero_ssfl_local", "classes2", 0, [], TUNING)
     assert (local_ssl.train.lr, local_ssl.algorithm.mu) == (0.01, 0.0)
-    debiased = real_table.config_for("hetero_ssfl_debiased", "dir0.1", 0, [], TUNING)
+    debiased = real_table.config_for("hetero_ssfl_debiased", "classes2", 0, [], TUNING)
     assert (debiased.train.lr, debiased.algorithm.mu) == (0.01, 2.0)
 
 
@@ -112,11 +114,19 @@ def test_flatness_compares_the_last_fifth_of_the_rounds_with_the_fifth_before():
     assert real_table.flatness_line(flat, "ssl") == "Flattening: no finished curve yet."
 
 
-def test_the_self_supervised_rows_probe_every_10_rounds_and_the_others_evaluate_every_5():
-    for algorithm in real_table.GROUPS["ssl"]["algorithms"]:
-        assert real_table.config_for(algorithm, "dir0.1", 0, [], TUNING).eval.every == 10
-    assert real_table.config_for("fedavg", "dir0.1", 0, [], TUNING).eval.every == 5
-    assert real_table.config_for("fedcosr", "shards2", 0, [], TUNING).eval.every == 5
+def test_the_self_supervised_rows_train_every_client_of_five_every_round_on_two_whole_classes_each():
+    for algorithm in real_table.table_algorithms(real_table.GROUPS["ssl"]):
+        config = real_table.config_for(algorithm, "classes2", 0, [], TUNING)
+        assert (config.data.num_clients, config.train.clients_per_round) == (5, 5)
+        assert (config.train.local_epochs, config.train.rounds, config.eval.every) == (1, real_table.SSL_ROUNDS, 5)
+    supervised = real_table.config_for("fedavg", "dir0.1", 0, [], TUNING)
+    assert (supervised.data.num_clients, supervised.train.rounds) == (100, real_table.ROUNDS)
+    # Fashion-MNIST's label counts (6,000 per class): each client holds all the images of its 2 classes.
+    labels = np.repeat(np.arange(10), 6000)
+    partition = partition_labels(labels, real_table.config_for("hetero_ssfl", "classes2", 0, [], TUNING).data, seed=0)
+    classes = [set(labels[partition.client(k)].tolist()) for k in range(partition.num_clients)]
+    assert all(len(c) == 2 for c in classes) and set().union(*classes) == set(range(10))
+    assert partition.sizes.tolist() == [12000] * 5
 
 
 def test_the_papers_algorithms_run_on_every_seed_before_the_other_algorithms():
@@ -125,12 +135,14 @@ def test_the_papers_algorithms_run_on_every_seed_before_the_other_algorithms():
     assert all(e[1] in real_table.GROUPS[e[0]]["algorithms"] for e in order[:first_more])
     assert {e[3] for e in order[:first_more]} == {0, 1}
     assert order[0] == ("global", "fedavg", "dir0.1", 0) and order[first_more] == ("global", "scaffold", "dir0.1", 0)
-    assert len(order) == len(set(order)) == 2 * 2 * sum(len(real_table.table_algorithms(s)) for s in real_table.GROUPS.values())
+    entries_per_seed = sum(len(s["settings"]) * len(real_table.table_algorithms(s)) for s in real_table.GROUPS.values())
+    assert len(order) == len(set(order)) == 2 * entries_per_seed
 
 
 def test_window_means_average_each_entrys_evaluations_inside_the_window_only():
     curve = [{**row("fedavg", None), "round": str(r), "value": str(r / 100)} for r in (75, 80, 85, 90, 95, 100)]
-    means = real_table.window_means(curve + [{**row("fedprox", None), "round": "50", "value": "0.5"}], real_table.LAST_FIFTH)
+    last_fifth = real_table.fifths(100)[0]
+    means = real_table.window_means(curve + [{**row("fedprox", None), "round": "50", "value": "0.5"}], last_fifth)
     assert means == {("global", "fedavg", "dir0.1", 0): 0.925}  # rounds 85–100; fedprox has none there
 
 
