@@ -68,6 +68,7 @@ import pandas as pd
 
 from benchmark_tables import plot_mean_band, run_result
 from fedray import load_config
+from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TRIALS_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 from fedray.tune import load_sweep
@@ -135,6 +136,7 @@ GROUPS: dict[str, dict[str, Any]] = {
                             "fedyogi", "fedadagrad"],
         "settings": ["dir0.1", "dir0.5"],
         "rounds": ROUNDS,
+        "clients_per_round": CLIENTS_PER_ROUND,
         "metric": "test_accuracy",
         "also": [],
     },
@@ -143,6 +145,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "more_algorithms": ["ditto", "fedrep", "lg_fedavg"],
         "settings": ["shards2", "pdir0.1"],
         "rounds": ROUNDS,
+        "clients_per_round": CLIENTS_PER_ROUND,
         "metric": "personal_accuracy",
         "also": ["personal_accuracy_std"],
     },
@@ -151,6 +154,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "more_algorithms": ["fedema", "fedu"],
         "settings": ["classes2"],
         "rounds": SSL_ROUNDS,
+        "clients_per_round": SSL_CLIENTS,
         "metric": "probe_accuracy",
         "also": [],
     },
@@ -287,15 +291,15 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
 def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """Run ``config`` in ``run_dir`` (resume it, or read it back if it finished); a run directory left
     by another config (an earlier tuning) is started again from scratch."""
-    if (run_dir / "config.yaml").is_file() and load_config(run_dir / "config.yaml").to_dict() != config.to_dict():
+    if (run_dir / SAVED_CONFIG_FILE).is_file() and load_config(run_dir / SAVED_CONFIG_FILE).to_dict() != config.to_dict():
         print(f"{run_dir} was run with other hyperparameters: starting it again", file=sys.stderr)
         shutil.rmtree(run_dir)
-    summary_file = run_dir / "summary.json"
+    summary_file = run_dir / SUMMARY_FILE
     finished = summary_file.is_file() and json.loads(summary_file.read_text()).get("rounds") == config.train.rounds
     diverged_round = None
     if not finished:
         try:
-            if (run_dir / "config.yaml").is_file():
+            if (run_dir / SAVED_CONFIG_FILE).is_file():
                 print(f"resuming {run_dir}", file=sys.stderr)
                 resume_experiment(run_dir, progress=False)
             else:
@@ -396,7 +400,6 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     its trials to the tuning CSV with the best one ``chosen``. ``trust_tune_state``: see ``fedray
     tune --resume --trust-tune-state``."""
     from fedray.tune import resume_sweep, run_sweep
-    from fedray.layout import META_FILE, SWEEP_FILE, TRIALS_FILE
     from fedray.tune.results import read_meta, read_table
     from fedray.tune.summary import ranked_trials
 
@@ -455,7 +458,7 @@ def excluded_line(results: list[dict[str, str]], group: str) -> str:
     counted = [r for r in results if r["group"] == group and r.get("excluded_updates", "") != ""]
     hit = [f"{r['algorithm']} {r['setting']} seed {r['seed']}: {r['excluded_updates']}"
            for r in counted if int(r["excluded_updates"]) > 0]
-    updates = GROUPS[group]["rounds"] * (SSL_CLIENTS if group == "ssl" else CLIENTS_PER_ROUND)
+    updates = GROUPS[group]["rounds"] * GROUPS[group]["clients_per_round"]
     return (f"Non-finite client updates excluded from aggregation (of {updates:,} per entry): "
             + ("; ".join(hit) if hit else "none") + f" ({len(counted)} entries counted).")
 

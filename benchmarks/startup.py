@@ -108,13 +108,15 @@ def run_plain_once(scratch: str) -> dict[str, float]:
 
 
 def run_fedray_once(scratch: str, w1: list[str]) -> dict[str, float]:
+    from fedray.layout import SUMMARY_FILE  # here, not at the top: the timed child processes import this file
+
     overrides = [arg for item in [*w1, f"output.dir={scratch}"] for arg in ("--set", item)]
     seconds, cpu, stdout = _run([sys.executable, "-m", "fedray.cli.main", "run", *overrides, "--quiet"], scratch)
     match = FIRST_ROUND_LINE.search(stdout)
     if match is None:
         raise RuntimeError(f"no 'first round after' line in the output of fedray run:\n{stdout[-2000:]}")
-    [run_dir] = [path for path in Path(scratch).iterdir() if path.is_dir() and (path / "summary.json").is_file()]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    [run_dir] = [path for path in Path(scratch).iterdir() if path.is_dir() and (path / SUMMARY_FILE).is_file()]
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     return {
         "first_round": float(match.group(1)),
         "end_to_end": seconds,

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import ray
 
+from fedray.layout import ROUNDS_FILE, TRIALS_FILE
 from fedray.tune import parse_sweep, run_sweep
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -62,8 +63,8 @@ def run(out_dir: Path, reuse_workers: bool, quick: bool, ray_startup_s: float) -
     wall = time.perf_counter() - started
     if outcome.status != "finished" or outcome.num_errors:
         raise SystemExit(f"the {raw['name']} sweep did not finish cleanly ({outcome.status}, {outcome.num_errors} errors)")
-    trials = pd.read_parquet(outcome.sweep_dir / "trials.parquet")
-    rounds = pd.read_parquet(outcome.sweep_dir / "rounds.parquet").merge(trials[["trial_id", "train.lr", "algorithm.mu"]], on="trial_id")
+    trials = pd.read_parquet(outcome.sweep_dir / TRIALS_FILE)
+    rounds = pd.read_parquet(outcome.sweep_dir / ROUNDS_FILE).merge(trials[["trial_id", "train.lr", "algorithm.mu"]], on="trial_id")
     round_sum = float(rounds["seconds"].sum())
     figures = {
         "trials": len(trials),

@@ -1,7 +1,6 @@
 """Run configuration: typed sections, YAML loading, ``--set`` overrides, validation."""
 
 from fedray.config.loader import (
-    SAVED_CONFIG_FILE,
     ConfigError,
     apply_overrides,
     load_config_sections,
@@ -35,7 +34,6 @@ __all__ = [
     "OutputConfig",
     "ResourcesConfig",
     "RunConfig",
-    "SAVED_CONFIG_FILE",
     "SyntheticConfig",
     "TrainConfig",
     "apply_overrides",

@@ -19,7 +19,6 @@ from fedray.config.schema import RunConfig
 from fedray.layout import SAVED_CONFIG_FILE
 
 
-
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what is allowed."""
 
