@@ -37,7 +37,10 @@ Two stages, both resumable, run by one command:
    every seed and setting; its ``more_algorithms`` (every other algorithm fedray has) after them.
 
 The sweeps tune at Dirichlet α = 0.1; an entry whose tuned learning rate diverges in another setting
-runs again at the next lower rate of its sweep's grid (marked † in the table).
+runs again at the next lower rate of its sweep's grid (marked † in the table). So does one that
+collapses: its last evaluation at half its best or below, which the runtime's non-finite guard cannot
+catch when a client update blows up but stays finite (FedSC at α = 0.5 went from 90 % to 8.9 % in its
+last round that way).
 
 Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
 curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
@@ -261,31 +264,53 @@ def entry_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
 
 
 def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Path, extra: list[str],
-              tuning: list[dict[str, str]]) -> dict[str, Any]:
+              tuning: list[dict[str, str]], collapsed_row: dict[str, str] | None = None) -> dict[str, Any]:
     """Run (or resume, or just read back) one entry with its tuned values in
-    ``runs_dir/<group>-<algorithm>-<setting>-s<seed>``. If it diverges (its learning rate was tuned
-    at Dirichlet 0.1 and may not suit the other settings), it runs again with each lower learning
-    rate of its sweep's grid in turn (in ``...-lr<lr>``) until one trains: ``lr`` is the rate of the
-    result and ``fell_back_from`` says which diverged. ``diverged`` is set only if every rate did."""
+    ``runs_dir/<group>-<algorithm>-<setting>-s<seed>``. If it diverges or collapses (its learning
+    rate was tuned at Dirichlet 0.1 and may not suit the other settings), it runs again with each
+    lower learning rate of its sweep's grid in turn (in ``...-lr<lr>``) until one trains: ``lr`` is
+    the rate of the result and ``fell_back_from`` says which failed and how. ``diverged`` is set only
+    if every rate failed. ``collapsed_row``: this entry's CSV row from an earlier invocation, which
+    collapsed at its ``lr``; that rate and the ones above it are not run again."""
     spec = GROUPS[group]
     config = config_for(algorithm, setting, seed, extra, tuning)
     name = f"{group}-{algorithm}-{setting}-s{seed}"
-    diverged_rates = []
-    for lr in [config.train.lr, *fallback_learning_rates(algorithm, config.train.lr)]:
+    rates, failed_rates = rates_left([config.train.lr, *fallback_learning_rates(algorithm, config.train.lr)], collapsed_row)
+    for lr in rates:
         if lr == config.train.lr:
             outcome = run_or_resume(config, runs_dir / name, spec)
         else:
             fallback = config_for(algorithm, setting, seed, [*extra, f"train.lr={lr}"], tuning)
             outcome = run_or_resume(fallback, runs_dir / f"{name}-lr{lr}", spec)
-        if not outcome["diverged"]:
+        failure = outcome["diverged"] or collapse(outcome)
+        if not failure:
             break
-        diverged_rates.append(f"lr {lr} {outcome['diverged']}")
+        failed_rates.append(f"lr {lr} {failure}")
     return {
         "group": group, "algorithm": algorithm, "setting": setting, "seed": seed,
         "hyperparameters": hyperparameters(config, algorithm), "metric": spec["metric"], "lr": lr,
-        "fell_back_from": "" if outcome["diverged"] else "; ".join(diverged_rates),
-        **outcome, "diverged": "; ".join(diverged_rates) if outcome["diverged"] else "",
+        "fell_back_from": "" if failure else "; ".join(failed_rates),
+        **outcome, "diverged": "; ".join(failed_rates) if failure else "",
     }
+
+
+def rates_left(rates: list[float], collapsed_row: dict[str, str] | None) -> tuple[list[float], list[str]]:
+    """The learning rates of ``rates`` (largest first) still to try, and how the ones already tried
+    failed: after ``collapsed_row`` (see :func:`run_entry`), the rates below its ``lr``."""
+    if collapsed_row is None:
+        return rates, []
+    failed = [collapsed_row["fell_back_from"], f"lr {collapsed_row['lr']} {collapse(collapsed_row)}"]
+    return [lr for lr in rates if lr < float(collapsed_row["lr"])], [text for text in failed if text]
+
+
+def collapse(result: dict[str, Any]) -> str:
+    """How a run that trained to the end collapsed, if it did: its last evaluation fell to half its best
+    or below (e.g. one client update blew up but stayed finite, so aggregation kept it); else ''.
+    ``result``: a result row (from the CSV or from :func:`run_or_resume`)."""
+    if result["final"] == "" or result["diverged"]:
+        return ""
+    final, best = float(result["final"]), float(result["best"])
+    return f"collapsed at the end ({100 * final:.2f} %, best {100 * best:.2f} %)" if final <= best / 2 else ""
 
 
 def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +391,10 @@ def current_rows(results: list[dict[str, str]], extra: list[str], tuning: list[d
 def run_all(args: argparse.Namespace) -> None:
     results_csv, curves_csv = args.out.with_suffix(".csv"), args.out.with_name(args.out.stem + "_curves.csv")
     tuning = read_csv(TUNING_CSV)
-    done = {entry_key(r) for r in current_rows(read_csv(results_csv), args.extra, tuning)}
+    current = current_rows(read_csv(results_csv), args.extra, tuning)
+    # A row that collapsed at a rate with lower ones left (one written before collapses fell back) runs again there.
+    collapsed = {entry_key(r): r for r in current if collapse(r) and fallback_learning_rates(r["algorithm"], float(r["lr"]))}
+    done = {entry_key(r) for r in current} - set(collapsed)
     todo = [entry for entry in planned(args.groups, args.algorithms, args.seeds) if entry not in done]
     print(f"{len(done)} entries done with the current tuning, {len(todo)} to run", file=sys.stderr)
     # SIGTERM stops like Ctrl-C: the current run keeps its last checkpoint and resumes next time.
@@ -377,7 +405,7 @@ def run_all(args: argparse.Namespace) -> None:
         if not any(row["sweep"] == sweep for row in tuning):
             tune(sweep, args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
             tuning = read_csv(TUNING_CSV)
-        result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning)
+        result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning, collapsed.get(entry))
         replace_entry(curves_csv, CURVE_FIELDS, entry, [
             {"group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "round": r, "value": v}
             for r, v in result["curve"]
@@ -479,10 +507,10 @@ def window_means(curves: list[dict[str, str]], window: tuple[int, int]) -> dict[
 
 
 def fallback_line(results: list[dict[str, str]], group: str) -> str:
-    """The finished entries of ``group`` whose tuned learning rate diverged, and the rate shown (†)."""
+    """The finished entries of ``group`` whose tuned learning rate diverged or collapsed, and the rate shown (†)."""
     fell_back = [f"{r['algorithm']} {r['setting']} seed {r['seed']} ({r['fell_back_from']}; shown at lr {r['lr']})"
                  for r in results if r["group"] == group and r.get("fell_back_from")]
-    return "† The tuned learning rate diverged; the entry ran again at the next lower rate of its sweep's grid: " + (
+    return "† The tuned learning rate diverged or collapsed; the entry ran again at the next lower rate of its sweep's grid: " + (
         "; ".join(fell_back) if fell_back else "none") + "."
 
 

@@ -162,6 +162,23 @@ def test_a_fallback_result_is_marked_in_its_cell_and_listed():
     assert real_table.fallback_line([tuned], "personalised").endswith("grid: none.")
 
 
+def test_an_entry_that_collapses_at_the_end_falls_back_like_a_diverged_one():
+    fedsc = {**row("fedsc", None), "setting": "dir0.5", "lr": "0.2", "final": "0.0887", "best": "0.9102",
+             "diverged": "", "fell_back_from": ""}
+    degraded = {**fedsc, "algorithm": "fedskc", "final": "0.5312", "best": "0.8424"}  # lost a third: a result, kept
+    assert real_table.collapse(fedsc) == "collapsed at the end (8.87 %, best 91.02 %)"
+    assert real_table.collapse(degraded) == ""
+    assert real_table.collapse({**fedsc, "final": "", "best": "", "diverged": "diverged in round 3"}) == ""
+
+    # Its earlier run is not repeated: the rates below it are tried, and the row says why.
+    rates, failed = real_table.rates_left([0.2, 0.1, 0.05], fedsc)
+    assert (rates, failed) == ([0.1, 0.05], ["lr 0.2 collapsed at the end (8.87 %, best 91.02 %)"])
+    after_a_divergence = {**fedsc, "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 30"}
+    assert real_table.rates_left([0.2, 0.1, 0.05], after_a_divergence) == (
+        [0.05], ["lr 0.2 diverged in round 30", "lr 0.1 collapsed at the end (8.87 %, best 91.02 %)"])
+    assert real_table.rates_left([0.2, 0.1], None) == ([0.2, 0.1], [])
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_an_entry_runs_once_then_is_read_back_with_its_totals(ray_session, tmp_path, tiny_overrides):
