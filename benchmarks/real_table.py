@@ -74,6 +74,7 @@ from fedray import load_config
 from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TRIALS_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
+from fedray.tracking.progress import collapsed
 from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -304,13 +305,12 @@ def rates_left(rates: list[float], collapsed_row: dict[str, str] | None) -> tupl
 
 
 def collapse(result: dict[str, Any]) -> str:
-    """How a run that trained to the end collapsed, if it did: its last evaluation fell to half its best
-    or below (e.g. one client update blew up but stayed finite, so aggregation kept it); else ''.
-    ``result``: a result row (from the CSV or from :func:`run_or_resume`)."""
+    """How a run that trained to the end collapsed, if its last evaluation did (``fedray run`` warns
+    by the same rule); else ''. ``result``: a result row (from the CSV or from :func:`run_or_resume`)."""
     if result["final"] == "" or result["diverged"]:
         return ""
     final, best = float(result["final"]), float(result["best"])
-    return f"collapsed at the end ({100 * final:.2f} %, best {100 * best:.2f} %)" if final <= best / 2 else ""
+    return f"collapsed at the end ({100 * final:.2f} %, best {100 * best:.2f} %)" if collapsed(final, best) else ""
 
 
 def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
