@@ -162,20 +162,21 @@ def test_a_fallback_result_is_marked_in_its_cell_and_listed():
     assert real_table.fallback_line([tuned], "personalised").endswith("grid: none.")
 
 
-def test_an_entry_that_collapses_at_the_end_falls_back_like_a_diverged_one():
-    fedsc = {**row("fedsc", None), "setting": "dir0.5", "lr": "0.2", "final": "0.0887", "best": "0.9102",
-             "diverged": "", "fell_back_from": ""}
-    degraded = {**fedsc, "algorithm": "fedskc", "final": "0.5312", "best": "0.8424"}  # lost a third: a result, kept
-    assert real_table.collapse(fedsc) == "collapsed at the end (8.87 %, best 91.02 %)"
-    assert real_table.collapse(degraded) == ""
-    assert real_table.collapse({**fedsc, "final": "", "best": "", "diverged": "diverged in round 3"}) == ""
+def test_an_entry_that_collapses_falls_back_like_a_diverged_one():
+    fedsc = [(85, 0.9102), (90, 0.9003), (95, 0.9003), (100, 0.0887)]  # FedSC, α = 0.5, lr 0.2: a finite blow-up
+    fedcosr = [(25, 0.9174), (30, 0.2099), (100, 0.6460)]  # FedCoSR, Dirichlet 0.1, lr 0.2: recovered only partly
+    fedskc = [(50, 0.8424), (95, 0.7100), (100, 0.5312)]  # the paper's FedSKC: it lost a third, a result, kept
+    assert real_table.collapse(fedsc) == "collapsed in round 100 (8.87 %, best before it 91.02 %)"
+    assert real_table.collapse(fedcosr) == "collapsed in round 30 (20.99 %, best before it 91.74 %)"
+    assert real_table.collapse(fedskc) == ""
 
     # Its earlier run is not repeated: the rates below it are tried, and the row says why.
-    rates, failed = real_table.rates_left([0.2, 0.1, 0.05], fedsc)
-    assert (rates, failed) == ([0.1, 0.05], ["lr 0.2 collapsed at the end (8.87 %, best 91.02 %)"])
-    after_a_divergence = {**fedsc, "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 30"}
+    row = {"lr": "0.2", "fell_back_from": "", "collapse": real_table.collapse(fedsc)}
+    rates, failed = real_table.rates_left([0.2, 0.1, 0.05], row)
+    assert (rates, failed) == ([0.1, 0.05], ["lr 0.2 collapsed in round 100 (8.87 %, best before it 91.02 %)"])
+    after_a_divergence = {**row, "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 30"}
     assert real_table.rates_left([0.2, 0.1, 0.05], after_a_divergence) == (
-        [0.05], ["lr 0.2 diverged in round 30", "lr 0.1 collapsed at the end (8.87 %, best 91.02 %)"])
+        [0.05], ["lr 0.2 diverged in round 30", "lr 0.1 collapsed in round 100 (8.87 %, best before it 91.02 %)"])
     assert real_table.rates_left([0.2, 0.1], None) == ([0.2, 0.1], [])
 
 
