@@ -41,7 +41,9 @@ runs again at the next lower rate of its sweep's grid (marked † in the table).
 collapses: an evaluation at half the best before it or below (the rule ``fedray run`` warns by). The
 runtime's non-finite guard cannot catch a client update that blows up but stays finite: FedSC at
 α = 0.5 went from 90 % to 8.9 % in its last round that way, FedCoSR on Dirichlet 0.1 from 92 % to 21 %
-in round 30, recovering only to 65 %.
+in round 30, recovering only to 65 %. So does one that ends no better than guessing (at most 1.5 × the
+accuracy of a uniform guess over the 10 classes): FedSC at lr 0.2 on seed 1 blew up in round 2 and
+stayed at 10 % for the 98 rounds after.
 
 Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
 curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
@@ -144,6 +146,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "clients_per_round": CLIENTS_PER_ROUND,
         "metric": "test_accuracy",
         "also": [],
+        "chance": 0.1,  # a uniform guess over Fashion-MNIST's 10 classes
     },
     "personalised": {
         "algorithms": ["fedavg", "local", "fedper", "fedcosr"],
@@ -153,6 +156,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "clients_per_round": CLIENTS_PER_ROUND,
         "metric": "personal_accuracy",
         "also": ["personal_accuracy_std"],
+        "chance": 0.1,
     },
     "ssl": {
         "algorithms": ["hetero_ssfl", "hetero_ssfl_local", "fedavg_byol", "hetero_ssfl_debiased"],
@@ -162,6 +166,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "clients_per_round": SSL_CLIENTS,
         "metric": "probe_accuracy",
         "also": [],
+        "chance": None,  # even an untrained encoder probes at ~75 % (benchmarks/probe_floor.py)
     },
 }
 # Tuning (run before the table): one sweep per algorithm in tune_configs/fmnist/, ranked on a
@@ -284,7 +289,7 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
         else:
             fallback = config_for(algorithm, setting, seed, [*extra, f"train.lr={lr}"], tuning)
             outcome = run_or_resume(fallback, runs_dir / f"{name}-lr{lr}", spec)
-        failure = outcome["diverged"] or collapse(outcome["curve"])
+        failure = outcome["diverged"] or collapse(outcome["curve"], spec["chance"])
         if not failure:
             break
         failed_rates.append(f"lr {lr} {failure}")
@@ -305,14 +310,17 @@ def rates_left(rates: list[float], collapsed_row: dict[str, str] | None) -> tupl
     return [lr for lr in rates if lr < float(collapsed_row["lr"])], [text for text in failed if text]
 
 
-def collapse(curve: list[tuple[int, float]]) -> str:
-    """How a run's ``curve`` [(round, value)] first collapsed, if it did: an evaluation at half the
-    best before it or below (``fedray run`` warns by the same rule); else ''."""
+def collapse(curve: list[tuple[int, float]], chance: float | None) -> str:
+    """How a run's ``curve`` [(round, value)] failed, if it did: it first collapsed (an evaluation at
+    half the best before it or below; ``fedray run`` warns by the same rule) or it ended no better
+    than guessing (at most 1.5 × ``chance``, the accuracy of a uniform guess; None: not checked); else ''."""
     best = None
     for round, value in curve:
         if best is not None and collapsed(value, best):
             return f"collapsed in round {round} ({100 * value:.2f} %, best before it {100 * best:.2f} %)"
         best = value if best is None else max(best, value)
+    if chance is not None and curve and curve[-1][1] <= 1.5 * chance:
+        return f"ended at chance level ({100 * curve[-1][1]:.2f} %, best {100 * best:.2f} %)"
     return ""
 
 
@@ -399,7 +407,8 @@ def run_all(args: argparse.Namespace) -> None:
     for r in read_csv(curves_csv):
         curves.setdefault(entry_key(r), []).append((int(r["round"]), float(r["value"])))
     # A row that collapsed at a rate with lower ones left (one written before collapses fell back) runs again there.
-    collapsed = {entry_key(r): {**r, "collapse": collapse(sorted(curves.get(entry_key(r), [])))} for r in current
+    collapsed = {entry_key(r): {**r, "collapse": collapse(sorted(curves.get(entry_key(r), [])), GROUPS[r["group"]]["chance"])}
+                 for r in current
                  if not r["diverged"] and fallback_learning_rates(r["algorithm"], float(r["lr"]))}
     collapsed = {key: r for key, r in collapsed.items() if r["collapse"]}
     done = {entry_key(r) for r in current} - set(collapsed)

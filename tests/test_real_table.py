@@ -166,12 +166,16 @@ def test_an_entry_that_collapses_falls_back_like_a_diverged_one():
     fedsc = [(85, 0.9102), (90, 0.9003), (95, 0.9003), (100, 0.0887)]  # FedSC, α = 0.5, lr 0.2: a finite blow-up
     fedcosr = [(25, 0.9174), (30, 0.2099), (100, 0.6460)]  # FedCoSR, Dirichlet 0.1, lr 0.2: recovered only partly
     fedskc = [(50, 0.8424), (95, 0.7100), (100, 0.5312)]  # the paper's FedSKC: it lost a third, a result, kept
-    assert real_table.collapse(fedsc) == "collapsed in round 100 (8.87 %, best before it 91.02 %)"
-    assert real_table.collapse(fedcosr) == "collapsed in round 30 (20.99 %, best before it 91.74 %)"
-    assert real_table.collapse(fedskc) == ""
+    dead = [(5, 0.1), (10, 0.1), (100, 0.1)]  # FedSC, α = 0.1, seed 1, lr 0.2: blew up in round 2, never learned
+    assert real_table.collapse(fedsc, 0.1) == "collapsed in round 100 (8.87 %, best before it 91.02 %)"
+    assert real_table.collapse(fedcosr, 0.1) == "collapsed in round 30 (20.99 %, best before it 91.74 %)"
+    assert real_table.collapse(fedskc, 0.1) == ""
+    assert real_table.collapse(dead, 0.1) == "ended at chance level (10.00 %, best 10.00 %)"
+    assert real_table.collapse([(5, 0.1), (100, 0.8)], 0.1) == ""  # a slow start is not a failure
+    assert real_table.collapse([(5, 0.74), (50, 0.74)], None) == ""  # a probe has no chance level to check
 
     # Its earlier run is not repeated: the rates below it are tried, and the row says why.
-    row = {"lr": "0.2", "fell_back_from": "", "collapse": real_table.collapse(fedsc)}
+    row = {"lr": "0.2", "fell_back_from": "", "collapse": real_table.collapse(fedsc, 0.1)}
     rates, failed = real_table.rates_left([0.2, 0.1, 0.05], row)
     assert (rates, failed) == ([0.1, 0.05], ["lr 0.2 collapsed in round 100 (8.87 %, best before it 91.02 %)"])
     after_a_divergence = {**row, "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 30"}
