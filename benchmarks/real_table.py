@@ -403,14 +403,14 @@ def run_all(args: argparse.Namespace) -> None:
     results_csv, curves_csv = args.out.with_suffix(".csv"), args.out.with_name(args.out.stem + "_curves.csv")
     tuning = read_csv(TUNING_CSV)
     current = current_rows(read_csv(results_csv), args.extra, tuning)
-    curves: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
-    for r in read_csv(curves_csv):
-        curves.setdefault(entry_key(r), []).append((int(r["round"]), float(r["value"])))
+    curves = curves_by_entry(read_csv(curves_csv))
     # A row that collapsed at a rate with lower ones left (one written before collapses fell back) runs again there.
-    collapsed = {entry_key(r): {**r, "collapse": collapse(sorted(curves.get(entry_key(r), [])), GROUPS[r["group"]]["chance"])}
-                 for r in current
-                 if not r["diverged"] and fallback_learning_rates(r["algorithm"], float(r["lr"]))}
-    collapsed = {key: r for key, r in collapsed.items() if r["collapse"]}
+    collapsed = {}
+    for r in current:
+        if not r["diverged"] and fallback_learning_rates(r["algorithm"], float(r["lr"])):
+            how = collapse(curves.get(entry_key(r), []), GROUPS[r["group"]]["chance"])
+            if how:
+                collapsed[entry_key(r)] = {**r, "collapse": how}
     done = {entry_key(r) for r in current} - set(collapsed)
     todo = [entry for entry in planned(args.groups, args.algorithms, args.seeds) if entry not in done]
     print(f"{len(done)} entries done with the current tuning, {len(todo)} to run", file=sys.stderr)
@@ -513,14 +513,19 @@ def fifths(rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (4 * rounds // 5, rounds), (3 * rounds // 5, 4 * rounds // 5)
 
 
+def curves_by_entry(curves: list[dict[str, str]]) -> dict[tuple[str, str, str, int], list[tuple[int, float]]]:
+    """The rows of a curves CSV as each entry's curve [(round, value)], in round order."""
+    by_entry: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
+    for r in curves:
+        by_entry.setdefault(entry_key(r), []).append((int(r["round"]), float(r["value"])))
+    return {key: sorted(curve) for key, curve in by_entry.items()}
+
+
 def window_means(curves: list[dict[str, str]], window: tuple[int, int]) -> dict[tuple[str, str, str, int], float]:
     """Per entry of ``curves``, the mean of its evaluations in rounds ``window[0] < round <= window[1]``
     (entries with none there are left out)."""
-    values: dict[tuple[str, str, str, int], list[float]] = {}
-    for r in curves:
-        if window[0] < int(r["round"]) <= window[1]:
-            values.setdefault(entry_key(r), []).append(float(r["value"]))
-    return {key: float(np.mean(v)) for key, v in values.items()}
+    inside = {key: [v for r, v in curve if window[0] < r <= window[1]] for key, curve in curves_by_entry(curves).items()}
+    return {key: float(np.mean(v)) for key, v in inside.items() if v}
 
 
 def fallback_line(results: list[dict[str, str]], group: str) -> str:
@@ -647,14 +652,12 @@ def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
     fig, axes = plt.subplots(len(GROUPS), 2, figsize=(12, 4 * len(GROUPS)), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
+    by_entry = curves_by_entry(curves)
     for ax, (group, setting) in zip(axes.flat, panels):
         for algorithm in table_algorithms(GROUPS[group]):
-            rows = [r for r in curves if (r["group"], r["algorithm"], r["setting"]) == (group, algorithm, setting)]
-            by_seed: dict[str, list[tuple[int, float]]] = {}
-            for r in rows:
-                by_seed.setdefault(r["seed"], []).append((int(r["round"]), float(r["value"])))
-            if by_seed:
-                plot_mean_band(ax, list(by_seed.values()), algorithm)
+            seeds = [curve for key, curve in by_entry.items() if key[:3] == (group, algorithm, setting)]
+            if seeds:
+                plot_mean_band(ax, seeds, algorithm)
         ax.set_title(f"Fashion-MNIST, {group}, {setting}")
         ax.set_xlabel("round")
         ax.set_ylabel(GROUPS[group]["metric"])
