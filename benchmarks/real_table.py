@@ -449,7 +449,7 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     from fedray.tune.summary import ranked_trials
 
     spec = load_sweep(SWEEPS / f"{sweep}.yaml")
-    spec.output.dir = str(runs_dir)
+    spec.output.dir = str(runs_dir.resolve())  # as recorded in a started sweep's file, whatever the working directory
     # A sweep started from an older version of its file would resume with the old settings.
     started = sorted(path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}")
                      if load_sweep(path.parent / SWEEP_FILE).to_yaml() == spec.to_yaml())
@@ -464,7 +464,7 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     meta = read_meta(sweep_dir)
     trials = read_table(sweep_dir / TRIALS_FILE)
     ranked = ranked_trials(trials, meta["mode"])
-    unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored: no metric
+    unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored, or reported nothing
     rows = [{
         "sweep": sweep, "trial_id": trial["trial_id"],
         "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]

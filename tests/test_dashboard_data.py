@@ -196,6 +196,8 @@ def test_select_best_trial_by_mode_ignoring_missing_and_first_on_ties():
     assert select_best_trial(trials, "max") == "c"
     assert select_best_trial(trials, "min") == "f"
     assert select_best_trial([{"trial_id": "a", "best_metric": None}], "max") is None
+    # a trial that reported the best value and then errored (diverged) is not the best
+    assert select_best_trial([*trials, {"trial_id": "g", "status": "ERROR", "best_metric": 0.95}], "max") == "c"
     assert select_best_trial([], "min") is None
     with pytest.raises(ValueError, match="'max' or 'min'"):
         select_best_trial(trials, "best")

@@ -18,7 +18,7 @@ from fedray.cli.main import main
 from fedray.config import ConfigError
 from fedray.tune import load_sweep, parse_sweep
 from fedray.tune.results import SweepResults, write_meta
-from fedray.tune.summary import comparison_markdown, errored_trials_table, top_trials_table
+from fedray.tune.summary import best_trial_lines, comparison_markdown, errored_trials_table, top_trials_table
 from fedray.tune.trainable import trial_resources
 
 REPO = Path(__file__).resolve().parent.parent
@@ -405,20 +405,23 @@ def test_comparison_table_is_mean_and_std_over_seeds_per_algorithm_and_alpha(tmp
 
 def test_top_trials_table_ranks_by_the_sweep_mode_and_prints_integers_as_integers(tmp_path):
     spec = spec_from(tmp_path, metric="test_loss")
-    trials = [{"trial_id": t, "status": s, "data.alpha": a, "best_metric": m, "best_round": b, "round": 4, "error": e}
+    # t4 led the sweep (lowest loss) before it diverged: an errored trial is never ranked, whatever it reported
+    trials = [{"trial_id": t, "status": s, "data.alpha": a, "best_metric": m, "best_round": b, "round": 4, "error": e, "run_dir": f"trials/{t}"}
               for t, s, a, m, b, e in [("t1", "TERMINATED", 0.1, 0.9, 3, None), ("t2", "TERMINATED", 0.5, 0.2, 7, None),
-                                       ("t3", "ERROR", 1.0, None, None, "ValueError: bad")]]
+                                       ("t3", "ERROR", 1.0, None, None, "ValueError: bad"),
+                                       ("t4", "ERROR", 2.0, 0.05, 3, "FloatingPointError: diverged")]]
     pq.write_table(pa.Table.from_pylist(trials, schema=pa.schema(
         [("trial_id", pa.string()), ("status", pa.string()), ("data.alpha", pa.float64()), ("best_metric", pa.float64()),
-         ("best_round", pa.int64()), ("round", pa.int64()), ("error", pa.string())])), tmp_path / "trials.parquet")
+         ("best_round", pa.int64()), ("round", pa.int64()), ("error", pa.string()), ("run_dir", pa.string())])), tmp_path / "trials.parquet")
     write_meta(tmp_path, spec, "2026-01-01T00:00:00+00:00", None, "finished")
     text = top_trials_table(tmp_path, 5)
     assert json.loads((tmp_path / "meta.json").read_text())["mode"] == "min"
     lines = text.splitlines()
-    assert "t2" in lines[1] and "0.2000" in lines[1] and "t1" in lines[2] and "t3" not in text
+    assert "t2" in lines[1] and "0.2000" in lines[1] and "t1" in lines[2] and "t3" not in text and "t4" not in text
     assert lines[1].split()[-2:] == ["7", "4"] and ".0" not in lines[1].split()[-2]  # best_round, rounds: no "7.0"
+    assert best_trial_lines(tmp_path)[0].startswith("best trial         t2 ")
     errored = errored_trials_table(tmp_path)
-    assert "t3" in errored and "ValueError: bad" in errored and "t1" not in errored
+    assert "t3" in errored and "ValueError: bad" in errored and "t4" in errored and "t1" not in errored
 
 
 def test_writer_records_config_errors_as_errors_and_keeps_integer_metrics_integers(tmp_path):
@@ -447,6 +450,22 @@ def test_writer_records_config_errors_as_errors_and_keeps_integer_metrics_intege
     resumed.setup()
     resumed.on_step_end(0, [ok, bad])
     assert {r["trial_id"]: r["status"] for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()}["bad"] == "ERROR"
+
+
+def test_writer_best_skips_a_trial_that_led_and_then_diverged(tmp_path):
+    writer = SweepResults(tmp_path, spec_from(tmp_path))
+    writer.setup()
+    ok = fake_trial("ok", "RUNNING", {"data.alpha": 0.1})
+    diverged = fake_trial("diverged", "RUNNING", {"data.alpha": 0.5}, error="Traceback\nFloatingPointError: diverged")
+    writer.on_trial_result(0, [ok, diverged], ok, tune_result(1, 0.6))
+    writer.on_trial_result(0, [ok, diverged], diverged, tune_result(1, 0.9))
+    assert writer.best() == ("diverged", 0.9)
+    diverged.status = "ERROR"
+    writer.on_trial_error(0, [ok, diverged], diverged)
+    assert writer.best() == ("ok", 0.6)
+    resumed = SweepResults(tmp_path, spec_from(tmp_path))  # and after a resume, from trials.parquet
+    resumed.setup()
+    assert resumed.best() == ("ok", 0.6)
 
 
 def test_asha_state_travels_with_the_callback_through_a_pickle(tmp_path):

@@ -159,7 +159,8 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int = MAX_CURVE_POINTS)
 
 def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
     """The ``trial_id`` with the best finite ``best_metric`` (largest for ``mode="max"``, smallest for
-    ``"min"``); the first such trial in table order on ties; None if no trial has reported. The trials
+    ``"min"``) among the trials whose ``status`` is not ERROR (a trial that diverged after leading is
+    not the best); the first such trial in table order on ties; None if no trial qualifies. The trials
     must report the same quantity (see :func:`best_by_metric`)."""
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
@@ -167,7 +168,7 @@ def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
     best_id, best_score = None, -math.inf
     for trial in trials:
         value = trial.get("best_metric")
-        if isinstance(value, (int, float)) and math.isfinite(value) and sign * value > best_score:
+        if trial.get("status") != ERROR and isinstance(value, (int, float)) and math.isfinite(value) and sign * value > best_score:
             best_id, best_score = trial["trial_id"], sign * value
     return best_id
 

@@ -280,8 +280,10 @@ class SweepResults(tune.Callback):
         return counts
 
     def best(self) -> tuple[str, float] | None:
-        """The best trial so far and its best value of the sweep's metric."""
-        reported = [(trial_id, p.best_metric) for trial_id, p in self.progress.items() if p.best_metric is not None]
+        """The best trial so far that has not errored, and its best value of the sweep's metric."""
+        failed = self.errors.keys() | self.config_errors.keys()
+        reported = [(trial_id, p.best_metric) for trial_id, p in self.progress.items()
+                    if p.best_metric is not None and trial_id not in failed]
         if not reported:
             return None
         pick = max if self.spec.mode == "max" else min

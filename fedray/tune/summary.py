@@ -24,8 +24,11 @@ def format_metric(metric: str, value: float | None) -> str:
 
 
 def ranked_trials(trials: pd.DataFrame, mode: str) -> pd.DataFrame:
-    """Trials with a best metric, best first."""
-    return trials.dropna(subset=["best_metric"]).sort_values("best_metric", ascending=mode == "min", kind="stable")
+    """Trials that did not error and have a best metric, best first. An errored trial is never ranked,
+    whatever it reported before it failed: a trial that diverged in round 15 may have led the sweep at
+    round 10, and its values are not a setting to run with."""
+    usable = trials[trials["status"] != ERROR].dropna(subset=["best_metric"])
+    return usable.sort_values("best_metric", ascending=mode == "min", kind="stable")
 
 
 def top_trials_table(sweep_dir: Path, count: int = 5) -> str:
