@@ -480,16 +480,19 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
 
 
 def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
-    """Mean ± std over the seeds that trained to the end, and how many diverged."""
+    """Mean ± std over the seeds that trained to the end, and how many diverged; ``(lr 0.1†)`` when every
+    seed ran at a lower rate than its tuned one, ``(seed 1 lr 0.1†)`` when only some did."""
     if not rows:
         return "pending"
     trained = [r for r in rows if not r.get("diverged")]
     if trained:
         values = 100 * np.array([float(r[key]) for r in trained])
         text = f"{values.mean():.2f} ± {values.std():.2f}" if len(values) > 1 else f"{values[0]:.2f}"
-        fallback_rates = sorted({r["lr"] for r in trained if r.get("fell_back_from")})
-        if fallback_rates:
-            text += f" (lr {', '.join(fallback_rates)}†)"
+        fell_back = [r for r in trained if r.get("fell_back_from")]
+        if fell_back and len(fell_back) == len(trained) and len({r["lr"] for r in fell_back}) == 1:
+            text += f" (lr {fell_back[0]['lr']}†)"  # every seed at the same lower rate
+        elif fell_back:
+            text += " (" + ", ".join(f"seed {r['seed']} lr {r['lr']}†" for r in fell_back) + ")"
         if len(trained) < len(rows):
             text += f" ({len(rows) - len(trained)} diverged)"
     else:

@@ -156,7 +156,9 @@ def test_a_fallback_result_is_marked_in_its_cell_and_listed():
     fell_back = {**row("fedavg", None), "group": "personalised", "setting": "shards2", "final": "0.9", "diverged": "",
                  "lr": "0.1", "fell_back_from": "lr 0.2 diverged in round 3"}
     tuned = {**fell_back, "seed": "1", "final": "0.8", "lr": "0.2", "fell_back_from": ""}
-    assert real_table.cell([fell_back, tuned], "final", 2) == "85.00 ± 5.00 (lr 0.1†)"
+    assert real_table.cell([fell_back, tuned], "final", 2) == "85.00 ± 5.00 (seed 0 lr 0.1†)"
+    both = {**fell_back, "seed": "1", "final": "0.8"}
+    assert real_table.cell([fell_back, both], "final", 2) == "85.00 ± 5.00 (lr 0.1†)"
     line = real_table.fallback_line([fell_back, tuned], "personalised")
     assert "fedavg shards2 seed 0 (lr 0.2 diverged in round 3; shown at lr 0.1)" in line and "seed 1" not in line
     assert real_table.fallback_line([tuned], "personalised").endswith("grid: none.")
