@@ -466,6 +466,9 @@ def test_writer_best_skips_a_trial_that_led_and_then_diverged(tmp_path):
     resumed = SweepResults(tmp_path, spec_from(tmp_path))  # and after a resume, from trials.parquet
     resumed.setup()
     assert resumed.best() == ("ok", 0.6)
+    diverged.status = "RUNNING"  # a resumed sweep retries its errored trials: running again, it counts again
+    resumed.on_step_end(0, [ok, diverged])
+    assert resumed.best() == ("diverged", 0.9)
 
 
 def test_asha_state_travels_with_the_callback_through_a_pickle(tmp_path):

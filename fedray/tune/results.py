@@ -157,6 +157,7 @@ class SweepResults(tune.Callback):
         self._seen: set[str] = set()
         self._total_rounds: dict[str, int] = {}
         self._last_written: list[tuple] | None = None
+        self._statuses: dict[str, str] = {}  # each trial's status as last written (or read back on resume)
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:
@@ -176,6 +177,7 @@ class SweepResults(tune.Callback):
                     best_round=row["best_round"],
                     wall_time_s=row["wall_time_s"] or 0.0,
                 )
+                self._statuses[row["trial_id"]] = row["status"]
                 if row["error"] is not None:
                     self.errors[row["trial_id"]] = row["error"]
 
@@ -242,7 +244,7 @@ class SweepResults(tune.Callback):
         rows = []
         for trial in trials:
             progress = self.progress.get(trial.trial_id, TrialProgress())
-            status = self.trial_status(trial)
+            status = self._statuses[trial.trial_id] = self.trial_status(trial)
             rows.append(
                 (trial.trial_id, status)
                 + tuple(trial.config.get(key) for key in self.spec.swept_keys)
@@ -280,10 +282,10 @@ class SweepResults(tune.Callback):
         return counts
 
     def best(self) -> tuple[str, float] | None:
-        """The best trial so far that has not errored, and its best value of the sweep's metric."""
-        failed = self.errors.keys() | self.config_errors.keys()
+        """The best trial so far that is not ERROR now (a resumed sweep retries its errored trials), and
+        its best value of the sweep's metric."""
         reported = [(trial_id, p.best_metric) for trial_id, p in self.progress.items()
-                    if p.best_metric is not None and trial_id not in failed]
+                    if p.best_metric is not None and self._statuses.get(trial_id) != ERROR]
         if not reported:
             return None
         pick = max if self.spec.mode == "max" else min
