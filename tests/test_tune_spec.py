@@ -500,6 +500,40 @@ def test_asha_state_travels_with_the_callback_through_a_pickle(tmp_path):
     assert empty.on_trial_result(None, weak, {"round": 1, "test_accuracy": 0.1}) == "CONTINUE"
 
 
+def test_callbacks_unpickled_on_resume_are_built_by_this_fedrays_code(tmp_path):
+    # Tuner.restore unpickles the callbacks from the tuner.pkl that the sweep's first session wrote,
+    # maybe with an older fedray: one pickled before SweepResults had `_statuses` crashed the resume.
+    import ray.cloudpickle as cloudpickle
+
+    from fedray.tune.progress import SweepProgress
+    from fedray.tune.schedulers import make_scheduler
+    from fedray.tune.sweep import make_run_config
+
+    spec = spec_from(tmp_path)
+    sweep_dir = tmp_path / "s-1"
+    sweep_dir.mkdir()
+    (sweep_dir / "sweep.yaml").write_text(spec.to_yaml())
+    callbacks = make_run_config(spec, sweep_dir, make_scheduler(spec), verbose=False).callbacks
+    writer = callbacks[0]
+    writer.setup()
+    ok, bad = fake_trial("ok", "RUNNING", {"data.alpha": 0.1}), fake_trial("bad", "ERROR", {"data.alpha": 0.5}, error="x")
+    writer.on_trial_result(0, [ok, bad], ok, tune_result(1, 0.6))
+    writer.on_trial_result(0, [ok, bad], bad, tune_result(1, 0.9))
+
+    restored = cloudpickle.loads(cloudpickle.dumps(callbacks))
+    progress = next(c for c in restored if isinstance(c, SweepProgress))
+    assert progress.results is restored[0] and restored[0].spec == load_sweep(sweep_dir / "sweep.yaml")
+    restored[0].setup()
+    assert restored[0].best() == ("ok", 0.6)
+
+    # what unpickling does with the attributes an older fedray's SweepResults pickled (no `_statuses`)
+    old_state = {key: value for key, value in writer.__dict__.items() if key != "_statuses"}
+    from_old_pickle = SweepResults.__new__(SweepResults)
+    from_old_pickle.__setstate__(old_state)
+    from_old_pickle.setup()
+    assert from_old_pickle.best() == ("ok", 0.6)
+
+
 # ---------------------------------------------------------------------- Tune configuration
 def test_tune_configuration_follows_the_sweep_file(tmp_path):
     from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler

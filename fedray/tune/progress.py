@@ -22,8 +22,11 @@ class SweepProgress(tune.Callback):
         self.bar: tqdm | None = None
         self._shown: tuple | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "bar": None, "_shown": None}
+    def __getstate__(self) -> dict[str, Any]:  # rebuilt from its arguments on Tuner.restore (see SweepResults)
+        return {"results": self.results, "num_trials": self.num_trials}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["results"], state["num_trials"])
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         counts = self.results.counts()

@@ -33,10 +33,10 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from fedray.layout import (ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOPPED_EARLY, TERMINATED, TRIALS_DIR,
-                           TRIALS_FILE)
+from fedray.layout import (ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOPPED_EARLY, SWEEP_FILE, TERMINATED,
+                           TRIALS_DIR, TRIALS_FILE)
 from fedray.tracking.metrics_file import write_parquet_atomically
-from fedray.tune.spec import Domain, SweepSpec
+from fedray.tune.spec import Domain, SweepSpec, load_sweep
 
 #: The result key of a trial that failed on its config (its value: the error message).
 CONFIG_ERROR = "fedray_config_error"
@@ -158,6 +158,16 @@ class SweepResults(tune.Callback):
         self._total_rounds: dict[str, int] = {}
         self._last_written: list[tuple] | None = None
         self._statuses: dict[str, str] = {}  # each trial's status as last written (or read back on resume)
+
+    # Tuner.restore unpickles the callbacks from tuner.pkl, which the sweep's first session wrote, maybe
+    # with an older fedray. The pickle therefore holds only the sweep directory, and unpickling builds
+    # the callback afresh with this fedray's code: its spec from sweep.yaml, its tables in setup().
+    def __getstate__(self) -> dict[str, Any]:
+        return {"sweep_dir": self.sweep_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        sweep_dir = Path(state["sweep_dir"])
+        self.__init__(sweep_dir, load_sweep(sweep_dir / SWEEP_FILE))
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:

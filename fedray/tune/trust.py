@@ -72,8 +72,11 @@ class TuneStateRecorder(tune.Callback):
         self.experiment_dir = experiment_dir
         self._last_stats: list[tuple[Any, ...]] | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_last_stats": None}
+    def __getstate__(self) -> dict[str, Any]:  # rebuilt from its arguments on Tuner.restore (see SweepResults)
+        return {"sweep_dir": self.sweep_dir, "experiment_dir": self.experiment_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["sweep_dir"], state["experiment_dir"])
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         stats = []
