@@ -178,3 +178,22 @@ def test_training_diverged_keeps_its_round_through_pickling():
     error = pickle.loads(pickle.dumps(TrainingDiverged("round 3: all 10 client updates were non-finite", 3)))
     assert isinstance(error, TrainingDiverged) and error.round == 3
     assert str(error) == "round 3: all 10 client updates were non-finite"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_worker_copies_the_broadcast_to_the_gpu_once_a_round_and_trains_as_on_cpu(tmp_path):
+    from fedray.models import get_flat_weights
+    from fedray.runtime.worker import ClientWorker
+
+    config = load_config(None, ["data.num_clients=6", "train.clients_per_round=3", "train.local_epochs=1"])
+    data = build_federated_dataset(config.data, config.seed)
+    gpu, cpu = (ClientWorker(config.to_dict(), data, str(tmp_path / name), use_gpu=name == "gpu") for name in ("gpu", "cpu"))
+    broadcast = {"weights": get_flat_weights(cpu.model_for(None))}  # on the CPU, as Ray hands it to a worker
+    received = []
+    client_update = gpu.algorithm.client_update
+    gpu.algorithm.client_update = lambda ctx, sent: received.append(sent["weights"]) or client_update(ctx, sent)
+    tasks = [(client, NO_STATE, ()) for client in (0, 2, 4)]
+    on_gpu, on_cpu = gpu.run_clients(1, tasks, broadcast), cpu.run_clients(1, tasks, broadcast)
+    assert len(received) == 3 and all(w.is_cuda and w.data_ptr() == received[0].data_ptr() for w in received)
+    assert not on_gpu.sums["weights"].is_cuda  # back on the CPU for transport
+    torch.testing.assert_close(on_gpu.sums["weights"], on_cpu.sums["weights"], rtol=1e-3, atol=1e-3)

@@ -54,12 +54,13 @@ class PartialResult:
 
     def to_cpu(self) -> "PartialResult":
         self.sums = {name: value.cpu() for name, value in self.sums.items()}
-        self.payloads = {cid: _to_cpu(payload) for cid, payload in self.payloads.items()}
+        self.payloads = {cid: tensors_to(payload, "cpu") for cid, payload in self.payloads.items()}
         return self
 
 
-def _to_cpu(payload: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in payload.items()}
+def tensors_to(values: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """``values`` with every tensor detached and moved to ``device``; other values as they are."""
+    return {k: v.detach().to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 def merge_partials(partials: list[PartialResult]) -> RoundResults:

@@ -21,7 +21,7 @@ from fedray.algorithms import Algorithm, ClientContext, get_algorithm_class
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
-from fedray.runtime.reduction import PartialResult
+from fedray.runtime.reduction import PartialResult, tensors_to
 from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
 
@@ -136,6 +136,7 @@ class ClientWorker:
     # ------------------------------------------------------------------ remote methods
     def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
         """Train the given clients in order and return their reduced updates."""
+        broadcast = tensors_to(broadcast, self.device)  # one host-to-device copy a round, not one a client
         partial = PartialResult()
         for client_id, state_version, checkpoint_versions in tasks:
             ctx = self._context(round, client_id, state_version)
@@ -151,13 +152,14 @@ class ClientWorker:
         """Evaluation sums of the global model on test rows ``shard::num_shards``."""
         model = self.model_for(None)
         return self.algorithm.evaluate_global(
-            model, broadcast, self.x_test[shard::num_shards], self.y_test[shard::num_shards]
+            model, tensors_to(broadcast, self.device), self.x_test[shard::num_shards], self.y_test[shard::num_shards]
         )
 
     def evaluate_clients(
         self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]
     ) -> dict[int, dict[str, float]]:
         """Evaluation sums of each client's personalised model on its held-out split."""
+        broadcast = tensors_to(broadcast, self.device)
         results = {}
         for client_id, state_version, _ in tasks:
             ctx = self._context(round, client_id, state_version)
@@ -170,6 +172,7 @@ class ClientWorker:
         """Metrics of each client's own model on the global test set (algorithms without a global
         model; see ``Algorithm.evaluation_clients``)."""
         train, test = (self.x_train, self.y_train), (self.x_test, self.y_test)
+        broadcast = tensors_to(broadcast, self.device)
         results = {}
         for client_id, state_version, _ in tasks:
             ctx = self._context(round, client_id, state_version)
