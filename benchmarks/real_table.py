@@ -645,6 +645,38 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str]) -> No
     print(table)
 
 
+#: Round-row columns every run has; the others are the algorithm's own diagnostics (SCAFFOLD's control_norm).
+COMMON_ROUND_COLUMNS = {"scope", "client_id", "round", "clients", "excluded_updates", "worker_restarts", "train_loss",
+                        "lr", "seconds", "test_loss"}
+
+
+def diagnose(run_dir: Path, first: int, last: int) -> str:
+    """Round by round, from a run's metrics: the evaluated accuracy, the algorithm's diagnostics, and
+    the clients' loss (``ce`` where the algorithm reports it, else ``train_loss``) as the cohort's
+    median against its largest, with the client that had it. A client update that blows up but stays
+    finite shows here as one client far above the median (docs/results_fmnist.md, SCAFFOLD)."""
+    from fedray.tracking.metrics_file import read_metrics_table
+
+    table = read_metrics_table(run_dir).to_pandas()
+    table = table[table["round"].between(first, last)]
+    rounds = table[table["scope"] == "round"].dropna(axis=1, how="all").set_index("round")
+    clients = table[table["scope"] == "client"].dropna(axis=1, how="all")
+    loss = "ce" if "ce" in clients else "train_loss"
+    own = [c for c in rounds.columns if c not in COMMON_ROUND_COLUMNS and c != "test_accuracy"]
+    lines = [f"{run_dir.name}: client {loss}, median and largest per round",
+             "| round | test_accuracy | " + " | ".join(own) + f" | median {loss} | largest {loss} (client) |",
+             "|---" * (4 + len(own)) + "|"]
+    for round, cohort in clients.groupby("round"):
+        worst = cohort.loc[cohort[loss].idxmax()]
+        row = rounds.loc[round] if round in rounds.index else {}
+        accuracy = row.get("test_accuracy") if len(row) else None
+        cells = [f"{round}", "" if accuracy is None or accuracy != accuracy else f"{100 * accuracy:.2f}"]
+        cells += [f"{row[c]:.4g}" if len(row) and row[c] == row[c] else "" for c in own]
+        cells += [f"{cohort[loss].median():.4g}", f"{worst[loss]:.4g} ({int(worst['client_id'])})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
     import matplotlib
 
@@ -686,10 +718,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "real_table",
                         help="run directories (checkpoints of unfinished entries)")
     parser.add_argument("--report", action="store_true", help="only regenerate the table and the figure from the CSVs")
+    parser.add_argument("--diagnose", type=Path, metavar="RUN_DIR",
+                        help="only print a run's accuracy, diagnostics and client losses per round (a run folder "
+                             "under --runs-dir, e.g. runs/real_table/global-scaffold-dir0.1-s0-lr0.05)")
+    parser.add_argument("--rounds", type=int, nargs=2, default=[1, 10**9], metavar=("FIRST", "LAST"),
+                        help="with --diagnose: only these rounds")
     parser.add_argument("--trust-tune-state", action="store_true",
                         help="resume a sweep whose Tune state changed after fedray recorded it (this script was "
                              "stopped while Tune was saving); only for a sweep folder you trust")
     args = parser.parse_args(argv)
+    if args.diagnose:
+        print(diagnose(args.diagnose, *args.rounds))
+        return 0
     if not args.report:
         try:
             run_all(args)

@@ -200,3 +200,18 @@ def test_an_entry_runs_once_then_is_read_back_with_its_totals(ray_session, tmp_p
     assert result["seconds"] > 0 and result["seconds_per_round"] == pytest.approx(result["seconds"] / 4, abs=0.05)
     assert real_table.run_or_resume(config, run_dir, spec) == result  # read back, not run again
     assert (run_dir / "summary.json").stat().st_mtime_ns == finished
+
+
+def test_diagnose_names_the_client_far_above_the_cohorts_median(tmp_path):
+    from fedray.tracking.metrics_file import METRICS_FILE, write_table_atomically
+
+    rows = []
+    for round, (accuracy, control_norm, worst) in enumerate([(0.69, 0.5, 0.4), (None, 1.0, 47.8), (0.085, 39.4, 2709.0)], 1):
+        rows.append({"scope": "round", "round": round, "clients": 3, "train_loss": -1.0, "control_norm": control_norm,
+                     **({} if accuracy is None else {"test_accuracy": accuracy})})
+        rows += [{"scope": "client", "round": round, "client_id": client, "train_loss": -5.0, "ce": ce}
+                 for client, ce in [(3, 0.2), (11, 0.3), (67, worst)]]
+    write_table_atomically(rows, tmp_path / METRICS_FILE)
+    lines = real_table.diagnose(tmp_path, 2, 3).splitlines()
+    assert lines[1] == "| round | test_accuracy | control_norm | median ce | largest ce (client) |"
+    assert lines[3:] == ["| 2 |  | 1 | 0.3 | 47.8 (67) |", "| 3 | 8.50 | 39.4 | 0.3 | 2709 (67) |"]
