@@ -63,6 +63,8 @@ def test_the_linear_term_adds_alpha_k_lambda_to_the_gradient(tmp_path):
     full = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
     ce = torch.cat([g.flatten() for g in torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))])
     assert torch.allclose(full - ce, alpha_k * lam[mask], atol=1e-6)
+    # measured from θ^{t−1}, the linear and proximal terms are 0 there: the reported loss is the CE
+    assert torch.allclose(loss, F.cross_entropy(model(x), y), atol=1e-6)
 
 
 def test_lambda_update_adds_the_client_displacement(tmp_path):

@@ -106,3 +106,13 @@ def test_adam_clients_are_refused():
 
         config = load_config(None, ["algorithm.name=scaffold", "train.optimizer=adam"])
         get_algorithm_class("scaffold")(config, build_federated_dataset(config.data, 0).info)
+
+
+def test_the_reported_loss_starts_at_the_cross_entropy(tmp_path):
+    # the linear term is measured from the round's weights x: ⟨c − c_i, y − x⟩ is 0 while y stays at x
+    federation = Federation(tmp_path, ["algorithm.name=scaffold", "train.lr=1e-9"])
+    x = federation.state["weights"]
+    control = torch.where(parameter_mask(federation.worker.model_for(1)), torch.randn(x.shape, generator=torch.Generator().manual_seed(2)), 0.0)
+    update = federation.algorithm.client_update(federation.worker._context(1, 1, -1), {"weights": x, "control": control})
+    assert abs(float((control * x).sum())) > 1.0  # what ⟨c − c_i, y⟩ would add to every step's loss
+    assert update.metrics["train_loss"] == pytest.approx(update.metrics["ce"], abs=1e-4)

@@ -6,11 +6,13 @@ stationary point; the server corrects the model average by the accumulated clien
 **Client** (paper Alg. 1, Eq. 1): with θ^{t−1} the received server model and λ_k the client's state
 (λ_k = −∇L_k(θ_k)/α, so that λ_k = Σ over its past rounds of (θ_k − θ_broadcast), starting at 0)::
 
-    L = CE + α_k ⟨λ_k, θ⟩ + (α_k / 2) ‖θ − θ^{t−1}‖²        (on parameters)
+    L = CE + α_k ⟨λ_k, θ − θ^{t−1}⟩ + (α_k / 2) ‖θ − θ^{t−1}‖²        (on parameters)
     after training: λ_k ← λ_k + (θ_k − θ^{t−1})
 
 The linear term is added with λ_k detached, so autograd adds α_k λ_k to every gradient (the official
-code's form). ``alpha_scaling: size`` uses α_k = α / (n_k / n̄) with n̄ the mean client size, as the
+code's form). It is measured from θ^{t−1}: the paper's ⟨λ_k, θ⟩ shifted by a constant, with the same
+gradient, so the reported ``train_loss`` starts each round at the cross-entropy instead of drifting
+below zero. ``alpha_scaling: size`` uses α_k = α / (n_k / n̄) with n̄ the mean client size, as the
 official code (``alpemreacar/FedDyn``); ``none`` is the paper's α_k = α. The two agree for
 equal-size clients.
 
@@ -105,7 +107,9 @@ class FedDyn(Algorithm):
         return self.params.dyn_alpha * ctx.mean_client_samples / ctx.num_samples
 
     def local_loss(self, ctx: ClientContext, lam: Tensor, alpha_k: float) -> LossFn:
-        """CE + α_k⟨λ_k, θ⟩ + (α_k/2)‖θ − θ^{t−1}‖², with θ^{t−1} the weights now in ``ctx.model``."""
+        """CE + α_k⟨λ_k, θ − θ^{t−1}⟩ + (α_k/2)‖θ − θ^{t−1}‖², with θ^{t−1} the weights now in
+        ``ctx.model``. The paper's α_k⟨λ_k, θ⟩ differs by a constant: same gradient, but no lower
+        bound on the reported loss."""
         model = ctx.model
         anchors = [p.detach().clone() for p in model.parameters()]
         linear_directions = [alpha_k * d for d in parameter_views(model, lam)]
@@ -113,7 +117,7 @@ class FedDyn(Algorithm):
         def loss_fn(x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             ce = F.cross_entropy(model(x), y)
             proximal = proximal_term(model.parameters(), anchors)
-            loss = ce + linear_term(model.parameters(), linear_directions) + 0.5 * alpha_k * proximal
+            loss = ce + linear_term(model.parameters(), linear_directions, anchors) + 0.5 * alpha_k * proximal
             return loss, {"ce": ce.detach(), "proximal": proximal.detach()}
 
         return loss_fn

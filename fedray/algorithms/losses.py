@@ -213,11 +213,15 @@ def proximal_term(parameters: Iterable[Tensor], anchors: Iterable[Tensor]) -> Te
     return sum(((p - a) ** 2).sum() for p, a in zip(parameters, anchors, strict=True))
 
 
-def linear_term(parameters: Iterable[Tensor], directions: Iterable[Tensor]) -> Tensor:
-    """``Σ_p ⟨d_p, p⟩`` with the directions detached: added to a loss, it adds ``d`` to every
-    gradient, so momentum, weight decay and clipping act on the corrected gradient (SCAFFOLD's
-    ``c − c_i``, FedDyn's ``α λ_k``)."""
-    return sum((p * d.detach()).sum() for p, d in zip(parameters, directions, strict=True))
+def linear_term(parameters: Iterable[Tensor], directions: Iterable[Tensor], anchors: Iterable[Tensor]) -> Tensor:
+    """``Σ_p ⟨d_p, p − a_p⟩`` with the directions and anchors detached: added to a loss, it adds ``d``
+    to every gradient, so momentum, weight decay and clipping act on the corrected gradient
+    (SCAFFOLD's ``c − c_i``, FedDyn's ``α λ_k``). Measured from the anchors (the weights the round
+    started from), it is 0 at the start of a round, so the reported ``train_loss`` stays near the
+    cross-entropy; ``⟨d, p⟩`` alone, with the same gradient, has no lower bound and made it negative."""
+    return sum(
+        (d.detach() * (p - a.detach())).sum() for p, d, a in zip(parameters, directions, anchors, strict=True)
+    )
 
 
 def logit_calibrated_cross_entropy(

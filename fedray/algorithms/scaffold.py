@@ -5,9 +5,10 @@ Every local step follows the corrected direction (paper Alg. 1, line 10)::
 
     y ← y − η_l (∇ℓ(y; b) − c_i + c)
 
-implemented by adding the linear term ``⟨c − c_i, y⟩`` (directions detached) to the cross-entropy,
-so autograd yields g + c − c_i and momentum, weight decay and ``train.grad_clip`` act on the
-corrected gradient, as in the official code. After K local steps (option II, Alg. 1 line 12)::
+implemented by adding the linear term ``⟨c − c_i, y − x⟩`` (detached c − c_i and x, the round's
+global weights) to the cross-entropy, so autograd yields g + c − c_i and momentum, weight decay and
+``train.grad_clip`` act on the corrected gradient, as in the official code. Measured from x, the term
+is 0 when the round starts and the reported ``train_loss`` stays near the cross-entropy (``ce``). After K local steps (option II, Alg. 1 line 12)::
 
     c_i⁺ = c_i − c + (x − y) / (K_eff · η_l)
 
@@ -114,10 +115,11 @@ class Scaffold(ServerOptimizedAlgorithm):
         control = broadcast[CONTROL].to(ctx.device)
         own_control = torch.zeros_like(control) if ctx.state is None else ctx.state[CONTROL]
         correction = parameter_views(model, control - own_control)  # fixed for the whole round
+        start = parameter_views(model, x)
 
         def loss_fn(inputs: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             ce = F.cross_entropy(model(inputs), y)
-            return ce + linear_term(model.parameters(), correction), {"ce": ce.detach()}
+            return ce + linear_term(model.parameters(), correction, start), {"ce": ce.detach()}
 
         metrics = local_train(ctx, loss_fn)
         y_flat = get_flat_weights(model)

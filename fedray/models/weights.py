@@ -76,7 +76,8 @@ def parameter_mask(model: nn.Module) -> torch.Tensor:
 
 def parameter_views(model: nn.Module, flat: torch.Tensor) -> list[torch.Tensor]:
     """Views of ``flat`` (the full flat layout) shaped like ``model.parameters()``, in that order:
-    per-parameter slices of a flat direction, for linear loss terms ``Σ_p ⟨d_p, p⟩``."""
+    per-parameter slices of a flat vector (a direction, or the weights a round started from), for
+    linear loss terms ``Σ_p ⟨d_p, p − a_p⟩``."""
     offsets: dict[str, int] = {}
     offset = 0
     for key, value in _entries(model, None):
