@@ -677,6 +677,34 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     return "\n".join(lines)
 
 
+def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
+    """Replays the progress output's blow-up warning (:func:`fedray.tracking.progress.loss_outliers`)
+    over the client rows of every run in ``run_dirs``, beside how each run ended: its first collapse
+    (the rule of :func:`collapse`) or its last round (a run that diverged stops there). The figures of
+    docs/results_fmnist.md, "Warnings for finite blow-ups"."""
+    from fedray.tracking.metrics_file import read_metrics_table
+    from fedray.tracking.progress import loss_outliers
+
+    rounds_seen, lines = 0, ["| run | rounds | warned in rounds | first collapse | last round |", "|---|---|---|---|---|"]
+    for run_dir in run_dirs:
+        table = read_metrics_table(run_dir)
+        if table is None:
+            continue
+        rows = table.to_pylist()
+        by_round: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            if row["scope"] == "client":
+                by_round.setdefault(row["round"], []).append({k: v for k, v in row.items() if v is not None})
+        warned = [round for round, cohort in sorted(by_round.items()) if loss_outliers(cohort, num_classes)[2]]
+        rounds_seen += len(by_round)
+        evaluated = [r for r in rows if r["scope"] == "round" and r.get("personal_accuracy", r.get("test_accuracy")) is not None]
+        failure = collapse([(r["round"], r.get("personal_accuracy", r.get("test_accuracy"))) for r in evaluated], None)
+        last = max((r["round"] for r in rows if r["scope"] == "round"), default=0)
+        if warned or failure:
+            lines.append(f"| {run_dir.name} | {len(by_round)} | {', '.join(map(str, warned)) or '—'} | {failure or '—'} | {last} |")
+    return "\n".join([f"{len(run_dirs)} runs, {rounds_seen} rounds with client rows; the runs warned about or collapsed:", *lines])
+
+
 def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
     import matplotlib
 
@@ -721,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose", type=Path, metavar="RUN_DIR",
                         help="only print a run's accuracy, diagnostics and client losses per round (a run folder "
                              "under --runs-dir, e.g. runs/real_table/global-scaffold-dir0.1-s0-lr0.05)")
+    parser.add_argument("--replay-warnings", nargs="+", type=Path, metavar="FOLDER",
+                        help="only replay the blow-up warning over every run folder in these folders (e.g. "
+                             "runs/real_table runs/real_table_sweeps/*/trials) and print where it fires")
     parser.add_argument("--rounds", type=int, nargs=2, default=[1, 10**9], metavar=("FIRST", "LAST"),
                         help="with --diagnose: only these rounds")
     parser.add_argument("--trust-tune-state", action="store_true",
@@ -729,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.diagnose:
         print(diagnose(args.diagnose, *args.rounds))
+        return 0
+    if args.replay_warnings:
+        print(replay_warnings(sorted(run for folder in args.replay_warnings for run in folder.iterdir() if run.is_dir())))
         return 0
     if not args.report:
         try:

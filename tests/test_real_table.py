@@ -215,3 +215,18 @@ def test_diagnose_names_the_client_far_above_the_cohorts_median(tmp_path):
     lines = real_table.diagnose(tmp_path, 2, 3).splitlines()
     assert lines[1] == "| round | test_accuracy | control_norm | median ce | largest ce (client) |"
     assert lines[3:] == ["| 2 |  | 1 | 0.3 | 47.8 (67) |", "| 3 | 8.50 | 39.4 | 0.3 | 2709 (67) |"]
+
+
+def test_replaying_the_blow_up_warning_lists_only_the_runs_it_fires_in_or_that_collapsed(tmp_path):
+    from fedray.tracking.metrics_file import METRICS_FILE, write_table_atomically
+
+    for name, worst, accuracies in [("quiet", 0.5, [0.8, 0.85]), ("blows-up", 45.9, [0.8, 0.3])]:
+        rows = []
+        for round, accuracy in enumerate(accuracies, 1):
+            rows.append({"scope": "round", "round": round, "test_accuracy": accuracy})
+            rows += [{"scope": "client", "round": round, "client_id": c, "ce": ce} for c, ce in [(1, 0.2), (2, 0.3), (3, worst * round)]]
+        (tmp_path / name).mkdir()
+        write_table_atomically(rows, tmp_path / name / METRICS_FILE)
+    lines = real_table.replay_warnings([tmp_path / "blows-up", tmp_path / "quiet"]).splitlines()
+    assert lines[0].startswith("2 runs, 4 rounds with client rows")
+    assert lines[3:] == ["| blows-up | 2 | 1, 2 | collapsed in round 2 (30.00 %, best before it 80.00 %) | 2 |"]

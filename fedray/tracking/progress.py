@@ -35,7 +35,7 @@ def loss_outliers(client_rows: list[dict[str, Any]], num_classes: int) -> tuple[
     ``train_loss``. Returns (that key, the median, [(client id, loss)], largest first).
 
     A client update that blows up but stays finite passes the non-finite guard and is aggregated;
-    its client's loss shows it first. Chosen on 2,327 rounds of Fashion-MNIST runs: it fired only in
+    its client's loss shows it first. Chosen on 2,341 rounds of Fashion-MNIST runs: it fired only in
     the 6 runs that later collapsed or diverged, 2 to 20 rounds before (docs/results_fmnist.md,
     "Warnings for finite blow-ups")."""
     key = "ce" if any("ce" in row for row in client_rows) else "train_loss"
