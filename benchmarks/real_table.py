@@ -55,6 +55,13 @@ the table part of ``<out>.md`` (between the two marker lines; the prose around i
     nice -n 19 python benchmarks/real_table.py                 # tune and run the table, seed 0 first
     python benchmarks/real_table.py --groups global --algorithms fedavg --seeds 0
     python benchmarks/real_table.py --report                   # tables and figure from the CSVs
+
+Two read-only views of run folders: ``--diagnose RUN_DIR`` prints a run round by round (accuracy,
+the algorithm's diagnostics, the median and largest client loss); ``--replay-warnings FOLDER ...``
+replays ``fedray run``'s blow-up warning over every run folder in the folders given::
+
+    python benchmarks/real_table.py --diagnose runs/real_table/global-scaffold-dir0.1-s0-lr0.05 --rounds 24 32
+    python benchmarks/real_table.py --replay-warnings runs/real_table runs/real_table_sweeps/*/trials
 """
 
 from __future__ import annotations
@@ -656,12 +663,13 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     median against its largest, with the client that had it. A client update that blows up but stays
     finite shows here as one client far above the median (docs/results_fmnist.md, SCAFFOLD)."""
     from fedray.tracking.metrics_file import read_metrics_table
+    from fedray.tracking.progress import client_loss_key
 
     table = read_metrics_table(run_dir).to_pandas()
     table = table[table["round"].between(first, last)]
     rounds = table[table["scope"] == "round"].dropna(axis=1, how="all").set_index("round")
     clients = table[table["scope"] == "client"].dropna(axis=1, how="all")
-    loss = "ce" if "ce" in clients else "train_loss"
+    loss = client_loss_key(clients.columns)
     own = [c for c in rounds.columns if c not in COMMON_ROUND_COLUMNS and c != "test_accuracy"]
     lines = [f"{run_dir.name}: client {loss}, median and largest per round",
              "| round | test_accuracy | " + " | ".join(own) + f" | median {loss} | largest {loss} (client) |",
