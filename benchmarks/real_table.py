@@ -705,9 +705,11 @@ def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
                 by_round.setdefault(row["round"], []).append({k: v for k, v in row.items() if v is not None})
         warned = [round for round, cohort in sorted(by_round.items()) if loss_outliers(cohort, num_classes)[2]]
         rounds_seen += len(by_round)
-        evaluated = [r for r in rows if r["scope"] == "round" and r.get("personal_accuracy", r.get("test_accuracy")) is not None]
-        failure = collapse([(r["round"], r.get("personal_accuracy", r.get("test_accuracy"))) for r in evaluated], None)
-        last = max((r["round"] for r in rows if r["scope"] == "round"), default=0)
+        round_rows = [r for r in rows if r["scope"] == "round"]
+        # personalised runs are judged by personal_accuracy (as in the table), the others by test_accuracy
+        metric = "personal_accuracy" if any(r.get("personal_accuracy") is not None for r in round_rows) else "test_accuracy"
+        failure = collapse([(r["round"], r[metric]) for r in round_rows if r.get(metric) is not None], None)
+        last = max((r["round"] for r in round_rows), default=0)
         if warned or failure:
             lines.append(f"| {run_dir.name} | {len(by_round)} | {', '.join(map(str, warned)) or '—'} | {failure or '—'} | {last} |")
     return "\n".join([f"{len(run_dirs)} runs, {rounds_seen} rounds with client rows; the runs warned about or collapsed:", *lines])

@@ -11,8 +11,8 @@ from fedray.tracking.progress import ProgressBar, loss_outliers
 
 
 def test_a_collapse_of_the_accuracy_is_warned_once_with_what_to_do(tmp_path, capsys):
-    run = RunContext(config=load_config(None, ["train.rounds=5", "train.lr=0.2"]), run_dir=tmp_path, data=None,
-                     server=None, start_round=0)
+    run = RunContext(config=load_config(None, ["train.rounds=5", "train.lr=0.2"]), run_dir=tmp_path,
+                     data=SimpleNamespace(info=SimpleNamespace(num_classes=10)), server=None, start_round=0)
     bar = ProgressBar()
     bar.on_run_start(run)
     accuracies = {1: 0.80, 2: 0.91, 3: 0.0887, 4: 0.09, 5: 0.85}

@@ -72,7 +72,7 @@ class ProgressBar(Callback):
         self.bar.update(1)
         if row["excluded_updates"]:
             self.bar.write(f"warning: round {row['round']}: {row['excluded_updates']} non-finite client update(s) excluded from aggregation")
-        key, median, outliers = loss_outliers(client_rows, run.data.info.num_classes) if client_rows else ("", 0.0, [])
+        key, median, outliers = loss_outliers(client_rows, run.data.info.num_classes)
         if outliers:
             named = ", ".join(f"client {client} ({loss:.3g})" for client, loss in outliers[:3])
             self.bar.write(
