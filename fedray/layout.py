@@ -1,14 +1,19 @@
 """File names of a run directory and of a sweep directory: the on-disk contract that the runtime,
 ``fedray tune``, the dashboard and notebooks share (docs/tune.md, "The sweep directory").
 
-Plain constants, no imports: the dashboard reads these folders without loading torch or Ray.
+Standard library only: the dashboard reads these folders without loading torch or Ray, and
+:mod:`fedray.tracking` finds checkpoints without importing :mod:`fedray.runtime`, which imports it.
 """
+
+import re
+from pathlib import Path
 
 # A run directory (written by ``fedray run``, and by each trial of a sweep).
 SAVED_CONFIG_FILE = "config.yaml"  # the validated config the run started with
 SUMMARY_FILE = "summary.json"  # written when the run finishes
 PARTITION_PLOT = "partition.png"
 LEARNING_CURVE_PLOT = "learning_curve.png"
+CHECKPOINTS_DIR = "checkpoints"  # checkpoints/round_<round, 6 digits>.pt (fedray.runtime.checkpoint)
 
 # A sweep directory (written by ``fedray tune``).
 SWEEP_FILE = "sweep.yaml"  # the sweep spec, as given
@@ -19,3 +24,22 @@ TRIALS_DIR = "trials"  # trials/<trial_id>/ is each trial's run directory
 
 # Trial statuses in trials.parquet.
 PENDING, RUNNING, TERMINATED, ERROR, STOPPED_EARLY = "PENDING", "RUNNING", "TERMINATED", "ERROR", "STOPPED_EARLY"
+
+
+_CHECKPOINT_NAME = re.compile(r"^round_(\d+)\.pt$")
+
+
+def checkpoint_path(run_dir: str | Path, round: int) -> Path:
+    """Where the checkpoint of ``round`` lies in ``run_dir``."""
+    return Path(run_dir) / CHECKPOINTS_DIR / f"round_{round:06d}.pt"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(round, path) of every checkpoint in the run, oldest first."""
+    directory = Path(run_dir) / CHECKPOINTS_DIR
+    found = []
+    for path in directory.glob("round_*.pt") if directory.is_dir() else []:
+        match = _CHECKPOINT_NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)

@@ -71,6 +71,33 @@ def test_config_does_not_import_the_algorithms_and_import_fedray_is_cheap():
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
 
 
+def test_fedrays_packages_import_one_another_without_a_cycle():
+    """Every ``fedray.<x>`` import in the source, function-local and type-checking ones included,
+    as an edge between fedray's top-level packages and modules: the graph has no cycle."""
+    import ast
+    from graphlib import CycleError, TopologicalSorter
+
+    package_root = Path(fedray.__file__).parent
+    imports: dict[str, set[str]] = {}
+    for path in package_root.rglob("*.py"):
+        importer = path.relative_to(package_root).parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            imported = {m.split(".")[1] for m in modules if m.startswith("fedray.")} - {importer}
+            imports.setdefault(importer, set()).update(imported)
+    assert {"runtime", "tracking", "config", "algorithms"} <= imports.keys() and "config" in imports["algorithms"]
+    try:
+        TopologicalSorter(imports).prepare()
+    except CycleError as error:
+        cycle = error.args[1][::-1]  # graphlib lists each package before the ones that import it
+        pytest.fail(f"fedray's packages import one another in a cycle: {' imports '.join(cycle)}")
+
+
 def test_the_public_api_names_resolve_lazily_with_docstrings():
     for name in fedray.__all__:
         value = getattr(fedray, name)

@@ -10,7 +10,7 @@ from fedray import lazy_exports
 #: Public name -> the module that defines it.
 _API = {
     "CheckpointError": "fedray.runtime.checkpoint",
-    "list_checkpoints": "fedray.runtime.checkpoint",
+    "list_checkpoints": "fedray.layout",
     "load_checkpoint": "fedray.runtime.checkpoint",
     "RunError": "fedray.runtime.errors",
     "RunInterrupted": "fedray.runtime.errors",

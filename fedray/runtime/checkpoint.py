@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedray.layout import checkpoint_path, list_checkpoints
 from fedray.tracking.atomic import write_bytes_atomically
 
 FORMAT_VERSION = 2
-_NAME = re.compile(r"^round_(\d+)\.pt$")
 RECORD_KEYS = ("format", "round", "sha256", "payload")
 REQUIRED_KEYS = ("round", "server_state", "state_versions")
 
@@ -32,21 +31,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated or corrupt."""
 
     fedray_exit_code = 2  # the CLI prints the message alone: the run directory given is unusable
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(round, path) of every checkpoint in the run, oldest first."""
-    directory = checkpoint_dir(run_dir)
-    found = []
-    for path in directory.glob("round_*.pt") if directory.is_dir() else []:
-        match = _NAME.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
 
 
 def _serialize(obj: Any) -> bytes:
@@ -58,9 +42,8 @@ def _serialize(obj: Any) -> bytes:
 def save_checkpoint(run_dir: str | Path, round: int, contents: dict[str, Any], keep: int) -> Path:
     """Write ``round``'s checkpoint atomically with the SHA-256 of its contents, then keep only the
     ``keep`` most recent ones."""
-    directory = checkpoint_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"round_{round:06d}.pt"
+    path = checkpoint_path(run_dir, round)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = _serialize({"round": round, **contents})
     record = {
         "format": FORMAT_VERSION,

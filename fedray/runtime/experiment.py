@@ -21,17 +21,15 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from fedray.cluster.placement import WorkerPlacement
 from fedray.algorithms import algorithm_label, get_algorithm_class
+from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.data import FederatedDataset, build_federated_dataset
-from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE
+from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
+from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
 from fedray.runtime.ray_start import check_address, check_local_resources, ensure_ray, starts_local_ray
-from fedray.runtime.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-from fedray.tracking.atomic import DiskFullError
-from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.runtime.server import Server, WorkerPoolError, start_worker
 from fedray.runtime.state_store import ClientStateError, ClientStateStore, client_state_location, nodes_missing_location
 from fedray.runtime.worker import build_algorithm
@@ -44,6 +42,8 @@ from fedray.tracking import (
     TensorBoardLogger,
     config_callback_classes,
 )
+from fedray.tracking.atomic import DiskFullError
+from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
 logger = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 
 from fedray.config import ConfigError
 from fedray.config.schema import OutputConfig
+from fedray.layout import list_checkpoints
 from fedray.tracking.callbacks import Callback, RunContext
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,6 @@ class StorageSync(Callback):
         return f"{self.root}/{run_dir.name}"
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        from fedray.runtime.checkpoint import list_checkpoints  # fedray.runtime imports this module
-
         checkpoints = list_checkpoints(run.run_dir)
         if checkpoints and checkpoints[-1][0] == row["round"]:
             self.sync(run.run_dir)

@@ -48,9 +48,8 @@ from ray import tune
 from ray.util.placement_group import get_current_placement_group
 
 from fedray.config import ConfigError, RunConfig
-from fedray.runtime import list_checkpoints, run_experiment
-from fedray.runtime.checkpoint import checkpoint_dir
-from fedray.layout import SUMMARY_FILE
+from fedray.layout import CHECKPOINTS_DIR, SUMMARY_FILE, list_checkpoints
+from fedray.runtime import run_experiment
 from fedray.runtime.experiment import default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
 from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
@@ -178,7 +177,7 @@ def copy_engine_state(run_dir: Path, round: int, target: Path) -> None:
 def adopt_engine_state(source: Path, run_dir: Path, round: int, donor: str, values: dict[str, Any]) -> None:
     """Reset ``run_dir`` to the engine state copied by :func:`copy_engine_state` from the trial
     ``donor`` (a PBT exploit) and record the exploit in ``exploits.json``."""
-    for stale in (checkpoint_dir(run_dir), run_dir / CLIENT_STATE_DIR, run_dir / PARTS_DIR):
+    for stale in (run_dir / CHECKPOINTS_DIR, run_dir / CLIENT_STATE_DIR, run_dir / PARTS_DIR):
         shutil.rmtree(stale, ignore_errors=True)
     for stale in (run_dir / METRICS_FILE, run_dir / SUMMARY_FILE):
         stale.unlink(missing_ok=True)
