@@ -507,6 +507,10 @@ def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
     return text + (f" ({len(rows)}/{seeds_wanted} seeds)" if len(rows) < seeds_wanted else "")
 
 
+def entries(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"
+
+
 def excluded_line(results: list[dict[str, str]], group: str) -> str:
     """Which finished entries of ``group`` had client updates excluded as non-finite, and how many
     (a run excludes a NaN/inf update from aggregation instead of stopping; see the README)."""
@@ -515,7 +519,7 @@ def excluded_line(results: list[dict[str, str]], group: str) -> str:
            for r in counted if int(r["excluded_updates"]) > 0]
     updates = GROUPS[group]["rounds"] * GROUPS[group]["clients_per_round"]
     return (f"Non-finite client updates excluded from aggregation (of {updates:,} per entry): "
-            + ("; ".join(hit) if hit else "none") + f" ({len(counted)} entries counted).")
+            + ("; ".join(hit) if hit else "none") + f" ({entries(len(counted))} counted).")
 
 
 def fifths(rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -557,7 +561,7 @@ def flatness_line(curves: list[dict[str, str]], group: str) -> str:
     largest = max(changes, key=lambda key: abs(changes[key]))
     return (f"Flattening: mean over rounds {last_fifth[0] + 1}–{last_fifth[1]} minus mean over rounds "
             f"{fifth_before[0] + 1}–{fifth_before[1]}, "
-            f"median {np.median(list(changes.values())):+.2f} points over {len(changes)} entries; largest "
+            f"median {np.median(list(changes.values())):+.2f} points over {entries(len(changes))}; largest "
             f"{changes[largest]:+.2f} ({largest[1]} {largest[2]} seed {largest[3]}).")
 
 

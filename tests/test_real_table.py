@@ -100,6 +100,7 @@ def test_excluded_updates_are_listed_per_entry_and_old_rows_are_not_counted():
     assert "fedavg dir0.1 seed 0: 2" in line and "fedprox" not in line and "local" not in line
     assert "(2 entries counted)" in line
     assert "none (0 entries counted)" in real_table.excluded_line(rows, "ssl")
+    assert "local dir0.1 seed 0: 5 (1 entry counted)" in real_table.excluded_line(rows, "personalised")
 
 
 def test_flatness_compares_the_last_fifth_of_the_rounds_with_the_fifth_before():
