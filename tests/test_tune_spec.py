@@ -225,6 +225,46 @@ def test_trusted_resume_of_a_crafted_folder_is_the_users_choice(tmp_path):
     assert (tmp_path / "pwned").exists()
 
 
+def test_tune_state_record_accepts_a_copy_in_flight_and_the_previous_version_but_no_other(tmp_path):
+    # Tune saves into a staging directory and copies it into tune/ in the background: a driver killed
+    # before, while or after the copy lands must leave a folder that resumes without --trust-tune-state.
+    from fedray.config import ConfigError
+    from fedray.tune.results import read_meta
+    from fedray.tune.trust import DIGESTS_KEY, VERSIONS_KEPT, record_tune_state, verify_tune_state
+
+    sweep_dir, experiment, staging = tmp_path / "sweep", tmp_path / "sweep" / "tune" / "sweep", tmp_path / "staging"
+    for folder in (experiment / "trial_0", staging / "trial_0"):
+        folder.mkdir(parents=True)
+    (sweep_dir / "meta.json").write_text(json.dumps({"status": "running"}))
+    state = "experiment_state-2026.json"
+    (experiment / "tuner.pkl").write_bytes(b"tuner")
+    (experiment / state).write_bytes(b"version 1")
+    record_tune_state(sweep_dir, experiment)
+    # version 2 saved to staging and recorded in the same step; the copy has not landed yet
+    (staging / state).write_bytes(b"version 2")
+    (staging / "trial_0" / "params.pkl").write_bytes(b"params")
+    record_tune_state(sweep_dir, experiment, staging)
+    verify_tune_state(sweep_dir, experiment)  # killed before the copy: version 1 is still accepted
+    (experiment / state).write_bytes(b"version 2")
+    (experiment / "trial_0" / "params.pkl").write_bytes(b"params")
+    verify_tune_state(sweep_dir, experiment)  # killed after it, before any later record
+    # the version in tune/ and the last ones saved stay accepted (VERSIONS_KEPT in all); older ones do not
+    for version in range(3, 3 + VERSIONS_KEPT):
+        (staging / state).write_bytes(f"version {version}".encode())
+        record_tune_state(sweep_dir, experiment, staging)
+    assert len(read_meta(sweep_dir)[DIGESTS_KEY][state]) == VERSIONS_KEPT
+    verify_tune_state(sweep_dir, experiment)
+    (experiment / state).write_bytes(f"version {2 + VERSIONS_KEPT}".encode())
+    verify_tune_state(sweep_dir, experiment)
+    (experiment / state).write_bytes(b"version 1")
+    with pytest.raises(ConfigError, match=f"unrecorded or changed: {state}"):
+        verify_tune_state(sweep_dir, experiment)
+    (experiment / state).write_bytes(f"version {2 + VERSIONS_KEPT}".encode())
+    (experiment / "trial_0" / "params.pkl").write_bytes(b"edited")
+    with pytest.raises(ConfigError, match="unrecorded or changed: trial_0/params.pkl"):
+        verify_tune_state(sweep_dir, experiment)
+
+
 def test_space_option_and_sizes_replace_the_files_values_and_shadowed_sets_are_named(tmp_path, capsys, monkeypatch):
     from fedray.tune.spec import parse_space_option, shadowed_overrides
 
