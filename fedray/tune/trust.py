@@ -3,8 +3,9 @@ under ``DIR/tune/`` (``tuner.pkl``, the experiment state, the searcher and callb
 unpickling runs code. So fedray records the SHA-256 digests of every one of those files it lets Tune
 write (``meta.json``'s ``tune_state_sha256``: file name -> its last few digests, updated while the
 sweep runs and when it ends) and refuses to resume a folder whose Tune state holds a file or a
-version it did not record: a folder crafted by someone else, or edited, is rejected before anything
-is unpickled.
+version it did not record: a folder edited, copied in part or written by other software is rejected
+before anything is unpickled. The digests live beside the state, so a folder forged together with
+its ``meta.json`` passes: they are a check against mistakes, not a signature.
 
 Tune saves its state into a staging directory on the driver and copies it into ``tune/`` in a
 background thread. The recorder digests the staging copy in the same Tune step, so the copy is
