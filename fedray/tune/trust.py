@@ -92,7 +92,8 @@ class TuneStateRecorder(tune.Callback):
     """Records the Tune state's digests after every Tune step in which a state file changed (a cheap
     ``stat`` otherwise) and when the sweep ends. Tune saves its experiment state into the driver's
     staging directory just before ``on_step_end`` and copies it into ``tune/`` in the background:
-    the staging directory is read here too, so the copy is recorded before it lands."""
+    the staging directory is read here too, so the copy is recorded in the step that made it, about
+    when it lands, not a step later."""
 
     def __init__(self, sweep_dir: Path, experiment_dir: Path) -> None:
         self.sweep_dir = sweep_dir
