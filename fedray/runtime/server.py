@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -116,7 +116,9 @@ class Server:
 
     def _on_all_workers(self, call: Callable[[Any, Any], ray.ObjectRef], work: list[Any]) -> list[Any]:
         """``call(worker, work[i])`` on every worker with work; a worker that dies is replaced and its
-        work re-run. Returns the results in worker order (None where there was no work)."""
+        work re-run. A result lost with its node after the worker finished (``ObjectLostError``, as
+        ``ray.wait`` saw it ready on a node that then died) counts as the worker dying. Returns the
+        results in worker order (None where there was no work)."""
         pending = {i: call(self.workers[i], item) for i, item in enumerate(work) if item}
         results: list[Any] = [None] * len(work)
         while pending:
@@ -126,7 +128,7 @@ class Server:
             del pending[index]
             try:
                 results[index] = ray.get(ready)
-            except RayActorError as error:
+            except (RayActorError, ObjectLostError) as error:
                 self.worker_restarts += 1
                 if self.worker_restarts > self.config.resources.max_worker_restarts:
                     raise WorkerPoolError(
@@ -134,6 +136,7 @@ class Server:
                         f"{self.config.resources.max_worker_restarts} is used up: {error}"
                     ) from error
                 logger.warning("worker %d died (%s); replacing it and re-running its clients", index, type(error).__name__)
+                ray.kill(self.workers[index])  # a no-op for a dead actor; stops one whose node lost only the result
                 self.workers[index] = self._start_worker(index)
                 pending[index] = call(self.workers[index], work[index])
         return results
