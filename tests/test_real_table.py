@@ -187,6 +187,39 @@ def test_an_entry_that_collapses_falls_back_like_a_diverged_one():
     assert real_table.rates_left([0.2, 0.1], None) == ([0.2, 0.1], [])
 
 
+def test_the_readme_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
+    def entry(algorithm, setting, seed, value, diverged=""):
+        return {**row(algorithm, None), "setting": setting, "seed": str(seed), "last_fifth": value, "diverged": diverged,
+                "lr": "0.1", "fell_back_from": ""}
+
+    results = [entry("fedavg", "dir0.1", 0, 0.80), entry("fedavg", "dir0.1", 1, 0.82),
+               entry("fedrcl", "dir0.1", 0, 0.90),  # highest, but one seed only: never bold
+               entry("fedprox", "dir0.1", 0, 0.84), entry("fedprox", "dir0.1", 1, 0.86),
+               entry("scaffold", "dir0.1", 0, "", diverged="diverged in round 17")]
+    lines = real_table.summary_lines(results, seeds_wanted=2)
+    planned = len(real_table.planned(list(real_table.GROUPS), None, [0, 1]))
+    assert lines[0].startswith(f"6 of {planned} entries have finished")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| global model"))
+    global_rows = lines[header + 2:lines.index("", header)]
+    assert len(global_rows) == len(real_table.table_algorithms(real_table.GROUPS["global"]))
+    assert global_rows[:3] == ["| FedRCL | 90.00 (1/2 seeds) | pending |", "| FedProx | **85.00 ± 1.00** | pending |",
+                               "| FedAvg | 81.00 ± 1.00 | pending |"]
+    # a diverged entry ranks after every algorithm with a value
+    assert global_rows.index("| SCAFFOLD | diverged (1/2 seeds) | pending |") > global_rows.index("| FedAvg | 81.00 ± 1.00 | pending |")
+    # every algorithm of every group has a row, under its readable name
+    for spec in real_table.GROUPS.values():
+        for algorithm in real_table.table_algorithms(spec):
+            assert any(line.startswith(f"| {real_table.LABELS[algorithm]} | ") for line in lines)
+
+
+def test_the_generated_blocks_replace_only_what_lies_between_their_markers(tmp_path):
+    start, end = real_table.SUMMARY_START, real_table.SUMMARY_END
+    text = f"intro\n{start}\nold table\n{end}\noutro\n"
+    assert real_table.replace_between(text, start, end, "new table", tmp_path) == f"intro\n{start}\nnew table\n{end}\noutro\n"
+    with pytest.raises(SystemExit, match="needs the lines"):
+        real_table.replace_between("a README without markers", start, end, "new table", tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_an_entry_runs_once_then_is_read_back_with_its_totals(ray_session, tmp_path, tiny_overrides):
