@@ -536,6 +536,20 @@ def entries(count: int) -> str:
     return f"{count} {'entry' if count == 1 else 'entries'}"
 
 
+def rows_by_cell(results: list[dict[str, str]]) -> dict[tuple[str, str, str], list[dict[str, str]]]:
+    """The finished entries of ``results`` grouped by table cell: (group, algorithm, setting) -> its seeds' rows."""
+    cells: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for r in results:
+        cells.setdefault((r["group"], r["algorithm"], r["setting"]), []).append(r)
+    return cells
+
+
+def window_label(rounds: int) -> str:
+    """The last fifth of ``rounds`` as the tables name it: ``rounds 81–100``."""
+    first, last = fifths(rounds)[0]
+    return f"rounds {first + 1}–{last}"
+
+
 def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]:
     """The README's short tables: one row per algorithm (best first, by its first setting), each cell the
     mean ± std over seeds of the group's ``summary`` value (:func:`cell`); the best cell of a column
@@ -543,28 +557,27 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
     planned_count = len(planned(list(GROUPS), None, list(range(seeds_wanted))))
     lines = [f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
              "has not run on every seed yet, † marks a seed run at a lower learning rate than its tuned one."]
+    cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
         title, key = spec["summary"]
-        rows_of = {(algorithm, setting): [r for r in results if (r["group"], r["algorithm"], r["setting"]) ==
-                                          (group, algorithm, setting) and not r.get("diverged")]
-                   for algorithm in table_algorithms(spec) for setting in spec["settings"]}
+
+        def trained(algorithm: str, setting: str) -> list[dict[str, str]]:
+            return [r for r in cells_rows.get((group, algorithm, setting), []) if not r.get("diverged")]
 
         def mean(algorithm: str, setting: str) -> float:
-            values = [float(r[key]) for r in rows_of[algorithm, setting]]
+            values = [float(r[key]) for r in trained(algorithm, setting)]
             return float(np.mean(values)) if values else -np.inf
 
-        best = {setting: max((a for a in table_algorithms(spec) if len(rows_of[a, setting]) == seeds_wanted),
+        best = {setting: max((a for a in table_algorithms(spec) if len(trained(a, setting)) == seeds_wanted),
                              key=lambda a: mean(a, setting), default=None) for setting in spec["settings"]}
-        what = {"last_fifth": "mean of rounds {}–{}".format(fifths(spec["rounds"])[0][0] + 1, spec["rounds"]),
-                "final": f"round {spec['rounds']}"}[key]
+        what = {"last_fifth": f"mean of {window_label(spec['rounds'])}", "final": f"round {spec['rounds']}"}[key]
         lines += ["", f"| {title}, `{spec['metric']}` (%), {what} | "
                   + " | ".join(SETTING_LABELS[s] for s in spec["settings"]) + " |",
                   "|---" * (1 + len(spec["settings"])) + "|"]
         for algorithm in sorted(table_algorithms(spec), key=lambda a: -mean(a, spec["settings"][0])):
             cells = []
             for setting in spec["settings"]:
-                rows = [r for r in results if (r["group"], r["algorithm"], r["setting"]) == (group, algorithm, setting)]
-                text = cell(rows, key, seeds_wanted)
+                text = cell(cells_rows.get((group, algorithm, setting), []), key, seeds_wanted)
                 cells.append(f"**{text}**" if best[setting] == algorithm else text)
             lines.append(f"| {LABELS[algorithm]} | " + " | ".join(cells) + " |")
     return lines + [""]  # a blank line ends the last table before the end marker
@@ -686,10 +699,10 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], readm
                   for key, mean in window_means([r for r in curves if r["group"] == group], fifths(spec["rounds"])[0]).items()}
     results = [{**row, "last_fifth": last_fifth.get(entry_key(row), "")} for row in results]
     lines = ["", *tuning_lines(tuning)]
+    cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
         settings = spec["settings"]
-        first, last = fifths(spec["rounds"])[0]
-        window = f"rounds {first + 1}–{last}"
+        window = window_label(spec["rounds"])
         header = [f"{s} final | {s} mean of {window} | {s} best" for s in settings]
         if spec["also"]:
             header = [f"{s} final | {s} mean of {window} | {s} best | {s} std across clients (final)" for s in settings]
@@ -702,7 +715,7 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], readm
         for algorithm in table_algorithms(spec):
             cells = []
             for setting in settings:
-                rows = [r for r in results if (r["group"], r["algorithm"], r["setting"]) == (group, algorithm, setting)]
+                rows = cells_rows.get((group, algorithm, setting), [])
                 cells += [cell(rows, key, seeds_wanted) for key in ("final", "last_fifth", "best")]
                 if spec["also"]:
                     cells.append(cell(rows, f"{spec['also'][0]}_final", seeds_wanted))
