@@ -555,8 +555,10 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
     mean ± std over seeds of the group's ``summary`` value (:func:`cell`); the best cell of a column
     among those with every seed is bold."""
     planned_count = len(planned(list(GROUPS), None, list(range(seeds_wanted))))
-    lines = [f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
-             "has not run on every seed yet, † marks a seed run at a lower learning rate than its tuned one."]
+    done = (f"All {planned_count} entries have finished" if len(results) == planned_count else
+            f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
+            "has not run on every seed yet")
+    lines = [f"{done}; † marks a seed run at a lower learning rate than its tuned one."]
     cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
         title, key = spec["summary"]

@@ -198,7 +198,11 @@ def test_the_readme_summary_ranks_every_algorithm_and_bolds_the_best_with_every_
                entry("scaffold", "dir0.1", 0, "", diverged="diverged in round 17")]
     lines = real_table.summary_lines(results, seeds_wanted=2)
     planned = len(real_table.planned(list(real_table.GROUPS), None, [0, 1]))
-    assert lines[0].startswith(f"6 of {planned} entries have finished")
+    assert lines[0].startswith(f"6 of {planned} entries have finished; a cell marked (1/2 seeds) has not run")
+    everything = [{**entry(algorithm, setting, seed, 0.8), "group": group, "final": 0.8}
+                  for group, algorithm, setting, seed in real_table.planned(list(real_table.GROUPS), None, [0, 1])]
+    assert real_table.summary_lines(everything, seeds_wanted=2)[0] == (
+        f"All {planned} entries have finished; † marks a seed run at a lower learning rate than its tuned one.")
     header = next(i for i, line in enumerate(lines) if line.startswith("| global model"))
     global_rows = lines[header + 2:lines.index("", header)]
     assert len(global_rows) == len(real_table.table_algorithms(real_table.GROUPS["global"]))
