@@ -44,6 +44,10 @@ from fedray.runtime import run_experiment  # noqa: E402
 from fedray.runtime.state_store import ClientStateStore, client_state_location, open_location  # noqa: E402
 
 
+# FedPer is personalised: it requires per-client test splits (evaluated with the others, in the last round only).
+PERSONALISED = ["data.client_test_fraction=0.25", "eval.personalized=true"]
+
+
 def workload(clients: int, per_round: int, rounds: int) -> list[str]:
     return scale_workload(clients, per_round, rounds) + [f"eval.every={rounds}", "checkpoint.every=1000"]
 
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("moto[server] is not installed: the S3 store is skipped", file=sys.stderr)
         use_s3 = False
-    from fedray.cluster.local_s3 import LocalS3
+    from fedray.testing.s3 import LocalS3
 
     if use_s3:
         LocalS3.export_credentials()  # before Ray starts: its workers read them
@@ -118,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         s3 = LocalS3(scratch).start() if use_s3 else None
         figures["fedavg"] = run(base + ["algorithm.name=fedavg"], scratch, "fedavg")
-        figures["fedper_local"] = run(base + ["algorithm.name=fedper"], scratch, "fedper-local")
+        fedper = base + ["algorithm.name=fedper", *PERSONALISED]
+        figures["fedper_local"] = run(fedper, scratch, "fedper-local")
         if s3 is not None:
-            figures["fedper_s3"] = run(base + ["algorithm.name=fedper", f"output.client_state_dir={s3.uri('state')}"], scratch, "fedper-s3")
+            figures["fedper_s3"] = run(fedper + [f"output.client_state_dir={s3.uri('state')}"], scratch, "fedper-s3")
         ray.shutdown()
 
         local_run = Path(scratch, "fedper-local")

@@ -8,9 +8,9 @@ shared protocol below is applied, so every row of every table is comparable:
 
 Usage (one Ray instance serves every run)::
 
-    python benchmarks/digits_table.py --algorithms fedavg fedprox --out docs/results_baselines.md
+    python benchmarks/digits_table.py --algorithms fedavg fedprox --out docs/results/baselines.md
     python benchmarks/digits_table.py --algorithms fedcosr --metric personal_accuracy \
-        --set data.client_test_fraction=0.25 --set eval.personalized=true --out docs/results_fedcosr.md
+        --set data.client_test_fraction=0.25 --set eval.personalized=true --out docs/results/fedcosr.md
 
 Writes a Markdown table (mean ± std over seeds of the final and best value of ``--metric``), the raw
 per-run rows as ``<out>.csv`` and the learning curves as ``<out>.png``. ``--also METRIC ...`` adds, for

@@ -76,7 +76,7 @@ class WorkerClock(RoundClock):
         time.sleep(TIMELINE_FLUSH_S)
         if not Path("/proc/self/stat").exists():
             return
-        for worker in ray.get(run.server.worker_handles.remote()):
+        for worker in run.server.worker_handles():
             self.workers.append(process_stats(ray.get(worker.pid.remote())))
 
 

@@ -7,7 +7,7 @@ Hetero-SSFL's ``algorithm.architectures`` and of FedAvg+BYOL's ``model``) and ea
 the model as the algorithm does, untrained, and probes it exactly as the table does: embed the
 whole labelled training set and the test set, then train ``Linear(feature_dim, 10)`` with Adam for
 ``probe_epochs`` at ``probe_lr`` and batch ``probe_batch_size`` (the table's values). Rows go to
-``docs/results_fmnist_probe_floor.csv``::
+``docs/results/fmnist_probe_floor.csv``::
 
     python benchmarks/probe_floor.py            # ~1 minute per architecture and seed on 2 cores
 """
@@ -25,7 +25,7 @@ from fedray.algorithms.ssl import embed, linear_probe
 from fedray.data import build_federated_dataset
 from fedray.runtime.worker import build_algorithm
 
-OUT = real_table.REPO / "docs" / "results_fmnist_probe_floor.csv"
+OUT = real_table.REPO / "docs" / "results" / "fmnist_probe_floor.csv"
 ALGORITHMS = ["hetero_ssfl", "fedavg_byol"]
 
 

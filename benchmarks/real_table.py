@@ -5,7 +5,7 @@ Two stages, both resumable, run by one command:
 1. **Tuning.** Each algorithm's sweep in ``tune_configs/fmnist/`` (its key hyperparameter × the
    learning rate, 20 rounds at Dirichlet α = 0.1, ASHA) is ranked on a validation split
    (``data.validation_fraction``: a seeded 10 % of the training set, never the test set). Every
-   trial goes to ``docs/results_fmnist_tuning.csv``, the best one marked ``chosen``. A sweep runs
+   trial goes to ``docs/results/fmnist_tuning.csv``, the best one marked ``chosen``. A sweep runs
    just before the first table entry that needs it.
 2. **The table.** Each algorithm starts from ``examples/<base>_digits.yaml``, takes its sweep's
    chosen values (``TUNED_FROM`` says which sweep a variant uses), then the shared protocol:
@@ -51,8 +51,9 @@ curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the 
 them since; an interrupted run (Ctrl-C, SIGTERM) keeps its checkpoints under ``--runs-dir`` and
 resumes from them, an interrupted sweep resumes under ``<runs-dir>_sweeps``. ``--report`` rewrites
 the table part of ``<out>.md`` (between the two marker lines; the prose around it is kept),
-``<out>.png`` (mean ± std band over seeds) and, for the default ``--out``, the short tables near the top
-of the README (one row per algorithm, best first) from the CSVs alone::
+``<out>.png`` (mean ± std band over seeds) and, for the default ``--out``, the short tables of
+``docs/results/fmnist_summary.md`` (one row per algorithm, best first; between its marker lines, the
+prose around them is kept) from the CSVs alone::
 
     nice -n 19 python benchmarks/real_table.py                 # tune and run the table, seed 0 first
     python benchmarks/real_table.py --groups global --algorithms fedavg --seeds 0
@@ -109,7 +110,7 @@ PROTOCOL = [
 # disjoint classes). In the 100-client protocol each personalised encoder trains in only ~10 of the
 # 100 rounds (~375 SGD steps): the Hetero-SSFL entries run that way probed level with an *untrained*
 # encoder (74 %, benchmarks/probe_floor.py), so they could not rank methods
-# (docs/results_fmnist_ssl_100clients.csv). Here every client trains every round. A round is a full
+# (docs/results/fmnist_ssl_100clients.csv). Here every client trains every round. A round is a full
 # epoch over 12,000 images per client (~100 s for Hetero-SSFL on 2 cores), so 50 rounds, not 100:
 # that is 50 local epochs per encoder, against 20 for a client of the 100-round, 10 %-participation
 # protocol. The paper's IID setting (its Table 2) is left out for time.
@@ -134,7 +135,7 @@ PROBE = ["algorithm.probe_epochs=20"]
 # Table name -> (examples/<base>_digits.yaml, extra overrides).
 VARIANTS = {
     "fedrcl_beta0": ("fedrcl", ["algorithm.beta=0"]),
-    # FedSKC with the switches chosen on a digits validation split (docs/results_fmnist.md, "FedSKC"):
+    # FedSKC with the switches chosen on a digits validation split (docs/results/fmnist.md, "FedSKC"):
     # non-shrinking period review and no 1/U sharpening of LCL; the `fedskc` row keeps the paper's.
     "fedskc_stabilised": ("fedskc", ["algorithm.gpr_mode=residual", "algorithm.u_mode=none"]),
     "hetero_ssfl": ("hetero_ssfl", PROBE),
@@ -183,9 +184,9 @@ GROUPS: dict[str, dict[str, Any]] = {
     },
 }
 # Tuning (run before the table): one sweep per algorithm in tune_configs/fmnist/, ranked on a
-# validation split; the table then uses each sweep's best values (docs/results_fmnist_tuning.csv).
+# validation split; the table then uses each sweep's best values (docs/results/fmnist_tuning.csv).
 SWEEPS = REPO / "tune_configs" / "fmnist"
-TUNING_CSV = REPO / "docs" / "results_fmnist_tuning.csv"
+TUNING_CSV = REPO / "docs" / "results" / "fmnist_tuning.csv"
 TUNING_FIELDS = ["sweep", "trial_id", "hyperparameters", "status", "rounds", "metric", "best_metric", "best_round", "chosen"]
 # Table name -> (sweep whose best values it takes, the keys it takes; None: all swept keys). A variant
 # keeps the key that defines it (FedRCL's β = 0, local SSL's μ = 0); the personalised FedAvg row
@@ -200,7 +201,7 @@ RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "hyperparameters", "me
                  "final", "best", "rounds", "excluded_updates", "seconds", "seconds_per_round", "personal_accuracy_std_final",
                  "personal_accuracy_std_at_best"]
 CURVE_FIELDS = ["group", "algorithm", "setting", "seed", "round", "value"]
-# The README's short tables (``summary_lines``): a row's name, and each setting's column heading.
+# The summary page's short tables (``summary_lines``): a row's name, and each setting's column heading.
 LABELS = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedsc": "FedSC", "fedrcl": "FedRCL", "fedproto": "FedProto",
     "moon": "MOON", "fedskc": "FedSKC with its paper's switches",
@@ -218,7 +219,9 @@ SETTING_LABELS = {"dir0.1": "Dirichlet α = 0.1", "dir0.5": "Dirichlet α = 0.5"
                   "pdir0.1": "Dirichlet α = 0.1", "classes2": f"{SSL_CLIENTS} clients, 2 whole classes each"}
 SUMMARY_START = "<!-- Fashion-MNIST summary: generated by `python benchmarks/real_table.py --report`; do not edit -->"
 SUMMARY_END = "<!-- end of Fashion-MNIST summary -->"
-DEFAULT_OUT = REPO / "docs" / "results_fmnist.md"
+DEFAULT_OUT = REPO / "docs" / "results" / "fmnist.md"
+#: The page that holds the short tables (``summary_lines``) of the default protocol's results.
+SUMMARY_PAGE = REPO / "docs" / "results" / "fmnist_summary.md"
 TABLE_START = "<!-- table: generated by `python benchmarks/real_table.py --report`; do not edit -->"
 TABLE_END = "<!-- end of generated table -->"
 
@@ -551,7 +554,7 @@ def window_label(rounds: int) -> str:
 
 
 def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]:
-    """The README's short tables: one row per algorithm (best first, by its first setting), each cell the
+    """The summary page's short tables: one row per algorithm (best first, by its first setting), each cell the
     mean ± std over seeds of the group's ``summary`` value (:func:`cell`); the best cell of a column
     among those with every seed is bold."""
     planned_count = len(planned(list(GROUPS), None, list(range(seeds_wanted))))
@@ -595,7 +598,7 @@ def replace_between(text: str, start: str, end: str, block: str, where: Path) ->
 
 def excluded_line(results: list[dict[str, str]], group: str) -> str:
     """Which finished entries of ``group`` had client updates excluded as non-finite, and how many
-    (a run excludes a NaN/inf update from aggregation instead of stopping; see the README)."""
+    (a run excludes a NaN/inf update from aggregation instead of stopping; see docs/architecture.md)."""
     counted = [r for r in results if r["group"] == group and r.get("excluded_updates", "") != ""]
     hit = [f"{r['algorithm']} {r['setting']} seed {r['seed']}: {r['excluded_updates']}"
            for r in counted if int(r["excluded_updates"]) > 0]
@@ -669,7 +672,7 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
     lines = [
         "**Tuning** — each algorithm's sweep (`tune_configs/fmnist/`), ranked by the best validation score over "
         "20 rounds at Dirichlet α = 0.1 (the self-supervised sweeps: 10 rounds of the `classes2` setting); every "
-        "trial is in `docs/results_fmnist_tuning.csv`:",
+        "trial is in `docs/results/fmnist_tuning.csv`:",
         "",
         "| sweep | chosen values | validation score | trials: all rounds / stopped early / diverged |",
         "|---|---|---|---|",
@@ -688,9 +691,10 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
     return lines + [""]
 
 
-def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], readme: Path | None = None) -> None:
+def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summary_page: Path | None = None) -> None:
     """Rewrites the generated table of ``out``'s Markdown file and its figure from the CSVs next to it,
-    and the short tables of ``readme`` (when given) between its summary markers."""
+    and the short tables of ``summary_page`` (when given; a docs page, never the README) between its
+    summary markers. A missing page is created with just a heading and the generated block."""
     tuning = read_csv(TUNING_CSV)
     results = current_rows(read_csv(out.with_suffix(".csv")), extra, tuning)
     current = {entry_key(row) for row in results}
@@ -733,9 +737,11 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], readm
     md = out.with_suffix(".md")
     text = md.read_text() if md.is_file() else f"# Fashion-MNIST results\n\n{TABLE_START}\n{TABLE_END}\n"
     md.write_text(replace_between(text, TABLE_START, TABLE_END, table + "\n", md))
-    if readme is not None:
-        readme.write_text(replace_between(readme.read_text(), SUMMARY_START, SUMMARY_END,
-                                          "\n".join(summary_lines(results, seeds_wanted)), readme))
+    if summary_page is not None:
+        page = (summary_page.read_text() if summary_page.is_file()
+                else f"# Fashion-MNIST summary\n\n{SUMMARY_START}\n{SUMMARY_END}\n")
+        summary_page.write_text(replace_between(page, SUMMARY_START, SUMMARY_END,
+                                                "\n".join(summary_lines(results, seeds_wanted)), summary_page))
     plot_curves(curves, out.with_suffix(".png"))
     print(table)
 
@@ -749,7 +755,7 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     """Round by round, from a run's metrics: the evaluated accuracy, the algorithm's diagnostics, and
     the clients' loss (``ce`` where the algorithm reports it, else ``train_loss``) as the cohort's
     median against its largest, with the client that had it. A client update that blows up but stays
-    finite shows here as one client far above the median (docs/results_fmnist.md, SCAFFOLD)."""
+    finite shows here as one client far above the median (docs/results/fmnist.md, SCAFFOLD)."""
     from fedray.tracking.metrics_file import read_metrics_table
     from fedray.tracking.progress import client_loss_key
 
@@ -777,7 +783,7 @@ def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
     """Replays the progress output's blow-up warning (:func:`fedray.tracking.progress.loss_outliers`)
     over the client rows of every run in ``run_dirs``, beside how each run ended: its first collapse
     (the rule of :func:`collapse`) or its last round (a run that diverged stops there). The figures of
-    docs/results_fmnist.md, "Warnings for finite blow-ups"."""
+    docs/results/fmnist.md, "Warnings for finite blow-ups"."""
     from fedray.tracking.metrics_file import read_metrics_table
     from fedray.tracking.progress import loss_outliers
 
@@ -868,9 +874,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("stopped; the same command resumes (finished entries are in the CSV)", file=sys.stderr)
             return 130
-    # The README's short tables are this protocol's: another --out leaves them alone.
-    readme = REPO / "README.md" if args.out == DEFAULT_OUT else None
-    report(args.out, len(args.seeds), args.runs_dir, args.extra, readme)
+    # The summary page's short tables are this protocol's: another --out leaves them alone.
+    summary_page = SUMMARY_PAGE if args.out == DEFAULT_OUT else None
+    report(args.out, len(args.seeds), args.runs_dir, args.extra, summary_page)
     return 0
 
 

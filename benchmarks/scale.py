@@ -101,7 +101,7 @@ class ActorMemory(Callback):
         self.peaks: dict[str, int] = {}
 
     def on_run_end(self, run: RunContext) -> None:
-        workers = ray.get([worker.pid.remote() for worker in ray.get(run.server.worker_handles.remote())])
+        workers = ray.get([worker.pid.remote() for worker in run.server.worker_handles()])
         for index, pid in enumerate(workers):
             self.peaks[f"worker_{index}"] = peak_rss(pid)
         for pid in descendants(os.getpid()):

@@ -13,7 +13,8 @@ first use, so neither torch nor Ray is loaded before you need them)::
 
 Writing an algorithm: subclass :class:`Algorithm` (with its ``Params``, :class:`ClientContext`,
 :class:`ClientUpdate`, :class:`RoundResults`); plugging in logging: subclass :class:`Callback`. See
-docs/writing_an_algorithm.md.
+docs/writing_an_algorithm.md. Your own model: any ``nn.Module`` as ``model.name: package.module:Name``,
+or a :class:`FedModel` subclass for full control (docs/guide/your_model.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _API = {
     "ClientContext": "fedray.algorithms",
     "ClientUpdate": "fedray.algorithms",
     "RoundResults": "fedray.algorithms",
+    "FedModel": "fedray.models",  # subclass it for full control of a model (docs/guide/your_model.md)
     "Callback": "fedray.tracking",
     "RunContext": "fedray.tracking",
 }

@@ -1,5 +1,6 @@
 """User code a run config names: the algorithm (``algorithm.name: mylab.fedavgm:FedAvgM`` or an
-installed entry point) and callbacks (``output.callbacks``).
+installed entry point), callbacks (``output.callbacks``), data (``data.name: mylab.data:load``) and the
+model (``model.name: mylab.nets:Net``, docs/guide/your_model.md).
 
 - :func:`load_config` / :func:`build_config` / :func:`validate_plugins`: the complete validation of a
   run config (schema, the algorithm's ``Params``, the callbacks), done by the driver before Ray starts.
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fedray.algorithms import get_algorithm_class, validate_algorithm_params
-from fedray.config import ConfigError, RunConfig, apply_overrides, validate_config
+from fedray.config import ConfigError, RunConfig, apply_overrides, import_reference, is_reference, validate_config
 from fedray.config import load_config_sections
+from fedray.models.external import model_factory
 from fedray.tracking.callbacks import config_callback_classes
 
 #: Left out of a shipped package.
@@ -32,11 +34,18 @@ SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git"]
 
 
 def validate_plugins(config: RunConfig) -> RunConfig:
-    """``config`` with the algorithm's keys validated (defaults filled) and every callback imported and
-    checked; raises :class:`fedray.config.ConfigError` naming the key."""
+    """``config`` with the algorithm's keys validated (defaults filled), every callback imported and
+    checked and a user's model imported; raises :class:`fedray.config.ConfigError` naming the key."""
     config = validate_algorithm_params(config)
     config_callback_classes(config)
+    external_model_factories(config)  # a user's model that does not import fails here, naming model.name
     return config
+
+
+def external_model_factories(config: RunConfig) -> list[Any]:
+    """The imported class or function of ``model.name`` when it names a model outside fedray
+    (``package.module:Name``, ``torchvision:NAME``); empty for a built-in model."""
+    return [model_factory(config.model.name)] if is_reference(config.model.name) else []
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
@@ -72,6 +81,9 @@ def user_module_paths(config: RunConfig) -> list[str]:
     """Where the user code ``config`` names lives: one path per top-level package or module, except
     fedray's own and installed packages (which every node has)."""
     objects = [get_algorithm_class(config.algorithm.name), *config_callback_classes(config)]
+    if is_reference(config.data.name):
+        objects.append(import_reference(config.data.name, "data.name"))
+    objects += external_model_factories(config)
     installed = _installed_roots()
     paths: dict[str, None] = {}
     for obj in objects:

@@ -26,6 +26,18 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A real S3 API (moto's server) on a free loopback port, with dummy credentials in the environment."""
+    pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
+    from fedray.testing.s3 import LocalS3
+
+    previous = LocalS3.export_credentials()
+    with LocalS3(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+    LocalS3.restore(previous)
+
+
 @pytest.fixture
 def tiny_overrides(tmp_path) -> list[str]:
     """Overrides for a fast digits run that writes into the test's temporary directory."""

@@ -15,7 +15,7 @@ from fedray.models import get_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,8 +53,8 @@ def test_lambda_zero_personal_model_is_local_training(tmp_path):
     ditto_broadcast = ditto_worker.algorithm.broadcast(ditto_worker.algorithm.init_server_state(theta_0), 1)
     local_broadcast = local_worker.algorithm.broadcast(local_worker.algorithm.init_server_state(theta_0), 1)
     for client_id in (0, 3):
-        v_k = ditto_worker.algorithm.client_update(ditto_worker._context(1, client_id, NO_STATE), ditto_broadcast).state["personal_model"]
-        ctx = local_worker._context(1, client_id, NO_STATE)
+        v_k = ditto_worker.algorithm.client_update(ditto_worker.client_context(1, client_id, NO_STATE), ditto_broadcast).state["personal_model"]
+        ctx = local_worker.client_context(1, client_id, NO_STATE)
         fedavg_worker.algorithm.client_update(ctx, {"weights": get_flat_weights(theta_0)})  # the same draws as Ditto's global step
         local = local_worker.algorithm.client_update(ctx, local_broadcast).state["personal"]
         assert torch.equal(v_k, local)
@@ -85,7 +85,7 @@ def test_personal_model_survives_rounds_and_is_what_is_evaluated(tmp_path):
     run = Federation(tmp_path / "run", TINY + ["algorithm.name=ditto", "algorithm.mu=0"]).run(1)
     after_round_1 = run.client_state(2)["personal_model"]
     fresh = _worker(["algorithm.name=ditto", "algorithm.mu=0"], tmp_path / "run")  # as after a resume
-    ctx = fresh._context(2, 2, int(run.versions[2]))
+    ctx = fresh.client_context(2, 2, int(run.versions[2]))
     assert torch.equal(ctx.state["personal_model"], after_round_1)
     run.run(1)
     after_round_2 = run.client_state(2)["personal_model"]
@@ -94,7 +94,7 @@ def test_personal_model_survives_rounds_and_is_what_is_evaluated(tmp_path):
     sums = run.client_sums(1)
     algorithm = run.algorithm
     for client_id in (0, 2):
-        ctx = run.workers[0]._context(2, client_id, int(run.versions[client_id]))
+        ctx = run.workers[0].client_context(2, client_id, int(run.versions[client_id]))
         model = run.initial_model
         set_flat_weights(model, run.client_state(client_id)["personal_model"])
         expected = classification_sums(algorithm, model, {}, ctx.x_test, ctx.y_test, 512)
@@ -109,7 +109,7 @@ def test_personal_step_uses_momentum_free_sgd_and_its_own_lr(tmp_path):
     torch.manual_seed(0)
     theta_0 = worker.algorithm.build_model("global")
     broadcast = worker.algorithm.broadcast(worker.algorithm.init_server_state(theta_0), 1)
-    ctx = worker._context(1, 1, NO_STATE)
+    ctx = worker.client_context(1, 1, NO_STATE)
     update = worker.algorithm.client_update(ctx, broadcast)
     # one full batch, no augmentation on digits: the gradient of CE at θ_0 over the client's data
     model = worker.algorithm.build_model("global")

@@ -48,7 +48,7 @@ def test_fedavg_is_the_sample_weighted_mean():
 
 
 def client_result(worker: ClientWorker, broadcast: dict) -> torch.Tensor:
-    update = worker.algorithm.client_update(worker._context(1, 2, -1), broadcast)
+    update = worker.algorithm.client_update(worker.client_context(1, 2, -1), broadcast)
     return update.sums["weights"] / update.sums["num_samples"]
 
 

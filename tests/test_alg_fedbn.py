@@ -16,7 +16,7 @@ from fedray.models import build_model, get_flat_weights, state_keys
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,12 +98,12 @@ def test_each_client_keeps_and_reloads_its_own_bn(fedbn_run, tmp_path):
     broadcast = algorithm.broadcast(run.state, 3)
     for client_id in (0, 1):
         for worker in (run.workers[0], fresh):
-            ctx = worker._context(3, client_id, int(run.versions[client_id]))
+            ctx = worker.client_context(3, client_id, int(run.versions[client_id]))
             algorithm.load_client_model(ctx, broadcast)
             shared, personal = split.read(ctx.model)
             assert torch.equal(personal, states[client_id])
             assert torch.equal(shared, run.state["weights"])
-    never_trained = run.workers[0]._context(3, 0, NO_STATE)
+    never_trained = run.workers[0].client_context(3, 0, NO_STATE)
     algorithm.load_client_model(never_trained, broadcast)
     assert torch.equal(split.read(never_trained.model)[1], run.state["initial_personal"])
 

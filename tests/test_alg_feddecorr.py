@@ -7,7 +7,8 @@ import torch
 
 from fedray.algorithms.losses import decorrelation_loss
 
-from federation_helpers import Federation, assert_same_round_as
+from fedray.testing import Federation
+from federation_helpers import assert_same_round_as
 
 
 def features(seed: int = 0, n: int = 16, d: int = 6) -> torch.Tensor:
@@ -20,7 +21,7 @@ def test_zero_beta_is_fedavg(tmp_path):
 
 def test_the_regulariser_is_active_in_training(tmp_path):
     federation = Federation(tmp_path, ["algorithm.name=feddecorr", "algorithm.beta=0.1"])
-    update = federation.algorithm.client_update(federation.worker._context(1, 0, -1), federation.algorithm.broadcast(federation.state, 1))
+    update = federation.algorithm.client_update(federation.worker.client_context(1, 0, -1), federation.algorithm.broadcast(federation.state, 1))
     assert update.metrics["decorrelation"] > 0
 
 

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from fedray.models import get_flat_weights, set_flat_weights
 from fedray.models.weights import parameter_mask
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 
 
 def client_model(federation: Federation, client: int, broadcast: dict, state=None) -> tuple[torch.Tensor, object]:
-    ctx = federation.worker._context(1, client, -1)
+    ctx = federation.worker.client_context(1, client, -1)
     ctx.state = state
     update = federation.algorithm.client_update(ctx, broadcast)
     return (update.sums["weights"] / update.sums["num_samples"]).float(), update
@@ -51,7 +51,7 @@ def test_lambda_sum_is_the_sum_of_every_stored_lambda(tmp_path):
 
 def test_the_linear_term_adds_alpha_k_lambda_to_the_gradient(tmp_path):
     federation = Federation(tmp_path, ["algorithm.name=feddyn", "algorithm.dyn_alpha=0.3"])
-    ctx = federation.worker._context(1, 2, -1)
+    ctx = federation.worker.client_context(1, 2, -1)
     model, weights = ctx.model, federation.state["weights"]
     set_flat_weights(model, weights)
     mask = parameter_mask(model)

@@ -17,29 +17,23 @@ from fedray import load_config
 from fedray.models import get_flat_weights, num_flat_weights, set_flat_weights
 from fedray.runtime.state_store import NO_STATE
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 from test_personalized import TINY
 
 REPO = Path(__file__).resolve().parent.parent
 SSL = TINY + ["algorithm.projection_dim=32", "algorithm.hidden_dim=64", "algorithm.probe_epochs=5", "train.momentum=0.9"]
 
 
-class SSLRun(Federation):
-    """The in-process round loop without the personalised evaluation (these methods probe the
+def ssl_run(tmp_path: Path, algorithm: str, rounds: int, extra: list[str] = ()) -> Federation:
+    """The in-process federation without the personalised evaluation (these methods probe the
     global encoder instead)."""
-
-    def personal_metrics(self, round: int) -> dict[str, float]:
-        return {}
+    return Federation(tmp_path / algorithm, SSL + [f"algorithm.name={algorithm}", "eval.personalized=false", *extra]).run(rounds)
 
 
-def ssl_run(tmp_path: Path, algorithm: str, rounds: int, extra: list[str] = ()) -> SSLRun:
-    return SSLRun(tmp_path / algorithm, SSL + [f"algorithm.name={algorithm}", *extra]).run(rounds)
-
-
-def start_of_training(run: SSLRun, round: int, client_id: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def start_of_training(run: Federation, round: int, client_id: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The online and target networks a client starts ``round``'s training from (its update with no
     local epochs), and that update's metrics."""
-    ctx = run.workers[0]._context(round, client_id, int(run.versions[client_id]))
+    ctx = run.workers[0].client_context(round, client_id, int(run.versions[client_id]))
     ctx = replace(ctx, train=ctx.train.model_copy(update={"local_epochs": 0}))
     update = run.algorithm.client_update(ctx, run.algorithm.broadcast(run.state, round))
     return update.state["online"], update.state["target"], update.metrics
@@ -77,7 +71,7 @@ def test_ema_weight_rules():
 def test_first_participation_takes_the_global_online_and_target(tmp_path):
     """Property (e): at its first participation a client starts from the global online network and a
     target equal to the global encoder + projector."""
-    run = SSLRun(tmp_path, SSL + ["algorithm.name=fedema"])
+    run = Federation(tmp_path, SSL + ["algorithm.name=fedema", "eval.personalized=false"])
     online, target, _ = start_of_training(run, 1, 0)
     assert torch.equal(online, run.state["weights"])
     model = run.algorithm.build_model("global")
@@ -149,7 +143,7 @@ def test_global_encoder_is_probed(tmp_path):
     algorithm = run.algorithm
     assert algorithm.evaluation_clients(run.num_clients) == [0]
     worker = run.workers[0]
-    ctx = worker._context(2, 0, NO_STATE)
+    ctx = worker.client_context(2, 0, NO_STATE)
     metrics = algorithm.evaluate_on_test_set(ctx, algorithm.broadcast(run.state, 2), (worker.x_train, worker.y_train), (worker.x_test, worker.y_test))
     assert torch.equal(get_flat_weights(ctx.model, ONLINE_PREFIXES), run.state["weights"])
     assert metrics["test_accuracy"] == metrics["probe_accuracy"] > 0.5

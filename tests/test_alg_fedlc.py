@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from fedray.algorithms.losses import logit_calibrated_cross_entropy
 
-from federation_helpers import Federation, assert_same_round_as
+from fedray.testing import Federation
+from federation_helpers import assert_same_round_as
 
 
 def test_zero_tau_is_fedavg(tmp_path):

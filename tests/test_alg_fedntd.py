@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from fedray.algorithms.losses import not_true_distillation
 from fedray.models import set_flat_weights
 
-from federation_helpers import Federation, assert_same_round_as
+from fedray.testing import Federation
+from federation_helpers import assert_same_round_as
 
 
 def toy(seed: int = 0, n: int = 5, classes: int = 4):
@@ -63,7 +64,7 @@ def test_four_class_toy_matches_the_hand_computed_kl():
 def test_both_forms_combine_ce_and_ntd_as_documented(tmp_path, form, beta):
     tau = 2.0
     federation = Federation(tmp_path, ["algorithm.name=fedntd", f"algorithm.form={form}", f"algorithm.beta={beta}", f"algorithm.tau={tau}"])
-    ctx = federation.worker._context(1, 0, -1)
+    ctx = federation.worker.client_context(1, 0, -1)
     received = federation.state["weights"]
     set_flat_weights(ctx.model, received)
     loss_fn = federation.algorithm.local_loss(ctx, {"weights": received})

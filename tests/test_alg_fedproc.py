@@ -11,7 +11,8 @@ from fedray.algorithms.fedproc import prototype_upload
 from fedray.algorithms.losses import prototype_contrastive_loss
 from fedray.runtime.reduction import PartialResult, merge_partials
 
-from federation_helpers import Federation, assert_same_round_as
+from fedray.testing import Federation
+from federation_helpers import assert_same_round_as
 
 
 def test_round_one_is_fedavg(tmp_path):
@@ -23,7 +24,7 @@ def test_later_rounds_train_with_the_prototypes(tmp_path):
     metrics = federation.run_round(1, [0, 1, 2])
     assert metrics["prototype_classes"] == 10 and bool(federation.state["has_prototype"].all())
     broadcast = federation.algorithm.broadcast(federation.state, 2)
-    update = federation.algorithm.client_update(federation.worker._context(2, 3, -1), broadcast)
+    update = federation.algorithm.client_update(federation.worker.client_context(2, 3, -1), broadcast)
     assert update.metrics["contrastive"] > 0
 
 

@@ -11,6 +11,7 @@ from fedray.algorithms.base import ClientUpdate
 from fedray.algorithms.fedproto import nearest_prototype_logits
 from fedray.algorithms.losses import model_contrastive_loss
 from fedray.algorithms.moon import MOON, PREVIOUS_MODEL
+from fedray.algorithms.requirements import PROJECTION_HEAD
 from fedray.config import ConfigError
 from fedray import load_config
 from fedray.models import get_flat_weights, num_flat_weights
@@ -92,6 +93,54 @@ def test_fedproto_alignment_skips_classes_without_global_prototype():
     assert math.isfinite(update.metrics["prototype_loss"]) and torch.isfinite(update.sums["weights"]).all()
 
 
+def test_fedproto_alignment_is_normalised_by_the_whole_batch(monkeypatch):
+    """FedProto's and PFLlib's code: λ · MSE over the whole batch, a prototype-less sample counting as a
+    zero residual, i.e. λ·Σ_kept ‖f − p‖² / (B·d), not / (kept·d)."""
+    import fedray.algorithms.fedproto as fedproto_module
+
+    _, data, fedproto = setup("fedproto", "algorithm.mu=0.5")
+    model = initial_model(fedproto)
+    state = fedproto.init_server_state(model)
+    torch.manual_seed(0)
+    state["prototypes"] = torch.randn_like(state["prototypes"])
+    state["prototype_present"][:] = True
+    state["prototype_present"][1] = False
+    captured = {}
+
+    def capture(ctx, loss_fn, *args, **kwargs):
+        captured["loss_fn"] = loss_fn
+        return {}
+
+    monkeypatch.setattr(fedproto_module, "local_train", capture)
+    fedproto.client_update(context(fedproto, data, model, 0, 2), fedproto.broadcast(state, 2))
+    x, y = data.info.normalize(torch.as_tensor(data.train.x)[:32]), torch.as_tensor(data.train.y)[:32].clone()
+    y[:5] = 1  # a class without a global prototype
+    assert 0 < int((y != 1).sum()) < len(y)
+    model.eval()
+    with torch.no_grad():
+        loss, terms = captured["loss_fn"](x, y)
+        features = model.encode(x)
+        ce = torch.nn.functional.cross_entropy(model.classify(features), y)
+        kept = y != 1
+        squared = (features[kept] - state["prototypes"][y[kept]]).pow(2).sum()
+        batch, dim = features.shape
+    assert torch.allclose(terms["prototype_loss"], squared / (batch * dim))
+    assert torch.allclose(loss, ce + 0.5 * squared / (batch * dim))
+    assert not torch.allclose(terms["prototype_loss"], squared / (int(kept.sum()) * dim))  # the old normalisation
+
+
+def test_fedproto_alignment_has_no_gradient_for_samples_without_prototype():
+    from fedray.algorithms.fedproto import prototype_alignment
+
+    features = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    prototypes = torch.tensor([[0.0, 0.0], [9.0, 9.0]], requires_grad=True)
+    loss = prototype_alignment(features, torch.tensor([0, 1]), prototypes, torch.tensor([True, False]))
+    assert loss.item() == pytest.approx((1 + 4) / 4)
+    loss.backward()
+    assert features.grad.tolist() == [[2 * 1 / 4, 2 * 2 / 4], [0.0, 0.0]]
+    assert prototypes.grad is None
+
+
 # ----------------------------------------------------------------------------- MOON
 
 
@@ -108,10 +157,13 @@ def test_model_contrastive_loss_by_hand():
 
 
 def test_moon_requires_a_projection_head():
-    _, data, _ = setup("fedavg")
+    from fedray.runtime.experiment import prepare_data
+
+    assert PROJECTION_HEAD in MOON.requires
     config = load_config(None, ["algorithm.name=moon"])  # no model.projection_dim
-    with pytest.raises(ConfigError, match="model.projection_dim"):
-        MOON(config, data.info)
+    with pytest.raises(ConfigError, match="model.projection_dim: moon needs a projection head"):
+        prepare_data(config)
+    prepare_data(load_config(None, ["algorithm.name=moon", "model.projection_dim=16"]))
 
 
 def test_moon_stores_the_representation_part_of_the_local_model_as_client_state():

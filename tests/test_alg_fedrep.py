@@ -17,7 +17,7 @@ from fedray.models import get_flat_weights, num_flat_weights
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.worker import ClientWorker
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 from test_personalized import TINY, simulate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,14 +36,14 @@ def test_each_phase_changes_only_its_part(tmp_path):
     body phase leaves h bit-unchanged (no head epochs: the stored head is π_0); each phase alone
     does move its own part."""
     worker, algorithm, broadcast = _setup(["algorithm.head_epochs=3"], tmp_path)
-    ctx = worker._context(1, 0, NO_STATE)
+    ctx = worker.client_context(1, 0, NO_STATE)
     head_only = algorithm.client_update(replace(ctx, train=ctx.train.model_copy(update={"local_epochs": 0})), broadcast)
     phi = (head_only.sums["weights"] / head_only.sums["num_samples"]).float()
     assert torch.equal(phi, broadcast["weights"])
     assert not torch.equal(head_only.state["personal"], broadcast["initial_personal"])
 
     worker, algorithm, broadcast = _setup(["algorithm.head_epochs=0"], tmp_path)
-    body_only = algorithm.client_update(worker._context(1, 0, NO_STATE), broadcast)
+    body_only = algorithm.client_update(worker.client_context(1, 0, NO_STATE), broadcast)
     assert torch.equal(body_only.state["personal"], broadcast["initial_personal"])
     assert not torch.equal((body_only.sums["weights"] / body_only.sums["num_samples"]).float(), broadcast["weights"])
     assert all(p.requires_grad for p in worker.model_for(0).parameters())  # the shared worker model is unfrozen again
@@ -52,8 +52,8 @@ def test_each_phase_changes_only_its_part(tmp_path):
 def test_zero_head_epochs_is_fedper_with_a_frozen_head(tmp_path):
     """Property (b): ``head_epochs=0`` is FedPer's client step with the head excluded from training."""
     worker, algorithm, broadcast = _setup(["algorithm.head_epochs=0"], tmp_path)
-    update = algorithm.client_update(worker._context(1, 4, NO_STATE), broadcast)
-    ctx = worker._context(1, 4, NO_STATE)  # the same seeded generator again
+    update = algorithm.client_update(worker.client_context(1, 4, NO_STATE), broadcast)
+    ctx = worker.client_context(1, 4, NO_STATE)  # the same seeded generator again
     model = ctx.model
     algorithm.split.load(model, broadcast["weights"], broadcast["initial_personal"])
     body = [p for name, p in model.named_parameters() if name.startswith("encoder.")]
@@ -82,7 +82,7 @@ def test_head_never_reaches_the_server_and_one_client_gives_its_body(tmp_path):
     assert set(results.sums) == {"weights", "num_samples"}
     assert results.sums["weights"].numel() == num_flat_weights(run.initial_model, ("encoder.",))
     worker, algorithm, broadcast = _setup(["algorithm.head_epochs=2", "train.clients_per_round=1"], tmp_path / "again")
-    ctx = worker._context(1, client_id, NO_STATE)
+    ctx = worker.client_context(1, client_id, NO_STATE)
     update = algorithm.client_update(ctx, broadcast)
     assert torch.equal(run.state["weights"], algorithm.split.shared(get_flat_weights(ctx.model)))
     assert torch.equal(run.client_state(client_id)["personal"], update.state["personal"])

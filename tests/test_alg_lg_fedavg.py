@@ -44,7 +44,7 @@ def test_encoder_never_reaches_the_server_and_every_client_takes_the_global_head
     broadcast = algorithm.broadcast(run.state, 3)
     bodies = []
     for client_id in range(run.num_clients):
-        ctx = run.workers[0]._context(3, client_id, int(run.versions[client_id]))
+        ctx = run.workers[0].client_context(3, client_id, int(run.versions[client_id]))
         algorithm.load_client_model(ctx, broadcast)
         shared, personal = algorithm.split.read(ctx.model)
         assert torch.equal(shared, run.state["weights"])

@@ -14,7 +14,7 @@ from fedray import load_config
 from fedray.models import set_flat_weights
 from fedray.models.weights import parameter_mask, parameter_views
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 
 
 def test_round_one_equals_fedavg(tmp_path):
@@ -57,11 +57,11 @@ def test_new_client_control_is_the_mean_raw_gradient_along_the_local_steps(tmp_p
     g = torch.Generator().manual_seed(1)
     control = torch.where(mask, 0.01 * torch.randn(x.shape, generator=g), 0.0)
     own_control = torch.where(mask, 0.01 * torch.randn(x.shape, generator=g), 0.0)
-    ctx = worker._context(1, 1, -1)
+    ctx = worker.client_context(1, 1, -1)
     ctx.state = {"control": own_control}
     update = algorithm.client_update(ctx, {"weights": x, "control": control})
 
-    replay = worker._context(1, 1, -1)  # the same seeded batch sequence
+    replay = worker.client_context(1, 1, -1)  # the same seeded batch sequence
     set_flat_weights(model, x)
     parameters = list(model.parameters())
     correction = parameter_views(model, control - own_control)
@@ -113,6 +113,6 @@ def test_the_reported_loss_starts_at_the_cross_entropy(tmp_path):
     federation = Federation(tmp_path, ["algorithm.name=scaffold", "train.lr=1e-9"])
     x = federation.state["weights"]
     control = torch.where(parameter_mask(federation.worker.model_for(1)), torch.randn(x.shape, generator=torch.Generator().manual_seed(2)), 0.0)
-    update = federation.algorithm.client_update(federation.worker._context(1, 1, -1), {"weights": x, "control": control})
+    update = federation.algorithm.client_update(federation.worker.client_context(1, 1, -1), {"weights": x, "control": control})
     assert abs(float((control * x).sum())) > 1.0  # what ⟨c − c_i, y⟩ would add to every step's loss
     assert update.metrics["train_loss"] == pytest.approx(update.metrics["ce"], abs=1e-4)

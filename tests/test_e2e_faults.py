@@ -151,7 +151,7 @@ class KillServerAfterRound(Callback):
 
     def on_round_end(self, run, row, client_rows):
         if row["round"] == self.round:
-            ray.kill(run.server)
+            ray.kill(run.server.actor)
 
 
 @pytest.mark.slow

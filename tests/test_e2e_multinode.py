@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on this machine (fedray.cluster.local): runs submitted with
+"""A real two-node Ray cluster on this machine (fedray.testing.cluster): runs submitted with
 ``fedray submit`` spread their workers over both nodes, return their results through a ``file://``
 URI, and survive losing the second node mid-run with the same final model. Stateful algorithms
 (MOON, FedCoSR) keep their client state on a real S3 endpoint (moto's server on loopback) instead
@@ -23,8 +23,8 @@ import pytest
 import torch
 import yaml
 
-from fedray.cluster.local import LocalCluster
-from fedray.cluster.local_s3 import LocalS3
+from fedray.testing.cluster import LocalCluster
+from fedray.testing.s3 import LocalS3
 from fedray.cluster.placement import WORKERS_FILE
 from fedray.runtime import list_checkpoints, load_checkpoint
 from fedray.runtime.state_store import open_location

@@ -30,6 +30,7 @@ DIGITS = _info("digits", 1, 8, 10)
 MNIST = _info("mnist", 1, 28, 10)
 CIFAR10 = _info("cifar10", 3, 32, 10)
 TINY = _info("tinyimagenet", 3, 64, 200)
+TEXT = DatasetInfo("pystdlib_chars", 102, 0, 0, (), (), "none", modality="tokens", input_shape=(40,), vocab_size=102)
 
 
 def _build(name: str, info: DatasetInfo, **cfg: object) -> FedModel:
@@ -112,7 +113,7 @@ def test_cnn_cifar_rejects_too_small_images() -> None:
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("projection_dim", [None, 8])
 def test_state_dict_keys_are_prefixed_by_part(name: str, projection_dim: int | None) -> None:
-    info = MNIST if name.startswith("cnn") else CIFAR10
+    info = TEXT if name == "char_lstm" else MNIST if name.startswith("cnn") else CIFAR10
     keys = list(_build(name, info, projection_dim=projection_dim).state_dict())
     parts = {key.split(".", 1)[0] for key in keys}
     expected = {"encoder", "classifier"} | ({"projector"} if projection_dim else set())

@@ -16,7 +16,7 @@ from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights, num_flat_weights
 from fedray.runtime.state_store import NO_STATE
 
-from federation_helpers import Federation
+from fedray.testing import Federation
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def test_personal_part_never_reaches_the_server(tmp_path, algorithm):
 def test_fedper_keeps_its_head_and_takes_the_global_body(tmp_path):
     run = simulate(tmp_path, "fedper", rounds=2)
     worker, algorithm = run.workers[0], run.algorithm
-    ctx = worker._context(3, 0, int(run.versions[0]))
+    ctx = worker.client_context(3, 0, int(run.versions[0]))
     algorithm.load_client_model(ctx, algorithm.broadcast(run.state, 3))
     shared, personal = algorithm.split.read(ctx.model)
     assert torch.equal(shared, run.state["weights"])
@@ -139,7 +139,7 @@ def test_personalised_evaluation_uses_the_clients_own_head(tmp_path):
     sums = run.client_sums(3)
     model = run.initial_model
     for client_id in range(run.num_clients):
-        ctx = run.workers[0]._context(3, client_id, int(run.versions[client_id]))
+        ctx = run.workers[0].client_context(3, client_id, int(run.versions[client_id]))
         algorithm.split.load(model, run.state["weights"], run.client_state(client_id)["personal"])
         with torch.no_grad():
             correct = (model(algorithm.info.normalize(ctx.x_test)).argmax(1) == ctx.y_test).sum()
@@ -151,7 +151,7 @@ def test_personalised_evaluation_uses_the_clients_own_head(tmp_path):
 
 
 def _client_test(run: Federation, client_id: int):
-    ctx = run.workers[0]._context(1, client_id, NO_STATE)
+    ctx = run.workers[0].client_context(1, client_id, NO_STATE)
     return ctx.x_test, ctx.y_test
 
 
@@ -196,7 +196,7 @@ def test_fedcosr_first_participation_starts_from_theta0_without_mixing(tmp_path)
     broadcast = algorithm.broadcast(run.state, 1)
     theta_0 = get_flat_weights(run.initial_model)
     for client_id in range(run.num_clients):
-        ctx = run.workers[0]._context(1, client_id, NO_STATE)
+        ctx = run.workers[0].client_context(1, client_id, NO_STATE)
         assert algorithm.load_client_model(ctx, broadcast) == {}  # no λ
         assert torch.equal(get_flat_weights(ctx.model), theta_0)
     run.run(1)

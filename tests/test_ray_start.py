@@ -75,7 +75,7 @@ def test_a_background_start_prints_ray_s_lines_when_joined_and_its_shutdown_stop
         from fedray.config import load_config_sections
         from fedray.runtime import ray_start
 
-        config = load_config_sections(None, ["resources.num_workers=1"])
+        config = load_config_sections(None, ["resources.backend=ray", "resources.num_workers=1"])
         ray_start.start_local_ray_in_background(config, None)
         torch_imported_by_the_start = "torch" in sys.modules
         import torch  # the driver's own work meanwhile
@@ -114,7 +114,7 @@ def test_an_abandoned_start_prints_nothing_and_leaves_no_process():
         from fedray.config import load_config_sections
         from fedray.runtime import ray_start
 
-        config = load_config_sections(None, ["resources.num_workers=1"])
+        config = load_config_sections(None, ["resources.backend=ray", "resources.num_workers=1"])
         ray_start.start_local_ray_in_background(config, None)
         ray_start._background._started.wait()
         pids = instance_pids()

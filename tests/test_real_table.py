@@ -187,7 +187,7 @@ def test_an_entry_that_collapses_falls_back_like_a_diverged_one():
     assert real_table.rates_left([0.2, 0.1], None) == ([0.2, 0.1], [])
 
 
-def test_the_readme_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
+def test_the_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
     def entry(algorithm, setting, seed, value, diverged=""):
         return {**row(algorithm, None), "setting": setting, "seed": str(seed), "last_fifth": value, "diverged": diverged,
                 "lr": "0.1", "fell_back_from": ""}
@@ -221,7 +221,35 @@ def test_the_generated_blocks_replace_only_what_lies_between_their_markers(tmp_p
     text = f"intro\n{start}\nold table\n{end}\noutro\n"
     assert real_table.replace_between(text, start, end, "new table", tmp_path) == f"intro\n{start}\nnew table\n{end}\noutro\n"
     with pytest.raises(SystemExit, match="needs the lines"):
-        real_table.replace_between("a README without markers", start, end, "new table", tmp_path)
+        real_table.replace_between("a page without markers", start, end, "new table", tmp_path)
+
+
+def test_the_report_writes_the_summary_into_a_docs_page_and_keeps_its_prose(tmp_path):
+    out, page = tmp_path / "fmnist.md", tmp_path / "fmnist_summary.md"
+    start, end = real_table.SUMMARY_START, real_table.SUMMARY_END
+    page.write_text(f"# At a glance\n\nprose before\n\n{start}\nstale table\n{end}\n\nprose after\n")
+    real_table.report(out, 2, tmp_path / "runs", [], page)  # no results yet: every cell pending
+    text = page.read_text()
+    assert text.startswith("# At a glance\n\nprose before\n\n" + start + "\n")
+    assert text.endswith(end + "\n\nprose after\n") and "stale table" not in text
+    planned = len(real_table.planned(list(real_table.GROUPS), None, [0, 1]))
+    assert f"0 of {planned} entries have finished" in text
+    assert "| FedAvg | pending | pending |" in text
+    assert real_table.TABLE_START in out.read_text() and out.with_suffix(".png").is_file()
+    page.unlink()
+    real_table.report(out, 2, tmp_path / "runs", [], page)  # a missing page is created around the block
+    assert page.read_text().startswith(f"# Fashion-MNIST summary\n\n{start}\n")
+
+
+def test_the_default_report_targets_the_docs_and_never_the_readme():
+    repo = Path(real_table.__file__).resolve().parents[1]
+    assert real_table.DEFAULT_OUT == repo / "docs" / "results" / "fmnist.md"
+    assert real_table.SUMMARY_PAGE == repo / "docs" / "results" / "fmnist_summary.md"
+    summary = real_table.SUMMARY_PAGE.read_text()
+    assert summary.count(real_table.SUMMARY_START) == 1 and summary.count(real_table.SUMMARY_END) == 1
+    assert real_table.SUMMARY_START not in (repo / "README.md").read_text()
+    for script in (repo / "benchmarks").glob("*.py"):  # no benchmark script writes the README
+        assert "README.md" not in script.read_text(), script
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ WAIT_FOR_WORKERS = textwrap.dedent(
 
 class WorkerHandles(Callback):
     def on_run_start(self, run) -> None:
-        self.workers = ray.get(run.server.worker_handles.remote())
+        self.workers = run.server.worker_handles()
         self.pids = ray.get([worker.pid.remote() for worker in self.workers])
 
 
@@ -203,7 +203,7 @@ def test_a_client_update_does_not_import_torch_dynamo(tmp_path):
     probe = textwrap.dedent(
         """
         import sys
-        from tests.federation_helpers import Federation
+        from fedray.testing import Federation
         Federation(sys.argv[1], ["train.optimizer=sgd", "train.momentum=0.9"]).run_round(1)
         print("torch._dynamo" in sys.modules)
         """

@@ -29,18 +29,6 @@ from e2e_helpers import CrashAfterRound, comparable_rows, final_weights
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A real S3 API (moto's server) on a free loopback port, with dummy credentials in the environment."""
-    pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
-    from fedray.cluster.local_s3 import LocalS3
-
-    previous = LocalS3.export_credentials()
-    with LocalS3(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-    LocalS3.restore(previous)
-
-
 @pytest.fixture(params=["local", "s3"])
 def location(request, tmp_path) -> str:
     if request.param == "local":
@@ -159,6 +147,8 @@ def test_locations_follow_output_dir_or_client_state_dir(tmp_path, s3):
 
 RESUME_RUN = [
     "algorithm.name=fedper",
+    "data.client_test_fraction=0.25",  # FedPer is personalised: it requires per-client test splits
+    "eval.personalized=true",
     "data.num_clients=4",
     "train.clients_per_round=4",  # every client trains every round: each round supersedes its state
     "train.local_epochs=1",
@@ -211,7 +201,8 @@ def test_stateful_run_resumes_from_the_older_kept_checkpoint(ray_session, tmp_pa
 def test_a_stateful_run_with_an_unopenable_state_location_fails_before_writing_anything(tmp_path):
     from fedray.config import ConfigError
 
-    config = load_config(None, ["algorithm.name=fedper", f"output.dir={tmp_path}", "output.client_state_dir=nosuch://bucket/state"])
+    config = load_config(None, ["algorithm.name=fedper", "data.client_test_fraction=0.25", "eval.personalized=true",
+                                f"output.dir={tmp_path}", "output.client_state_dir=nosuch://bucket/state"])
     with pytest.raises(ConfigError, match=r"output.client_state_dir: cannot open the client state location 'nosuch://bucket/state/"):
         run_experiment(config, progress=False)
     assert not any(tmp_path.iterdir())  # no run directory: it failed before Ray and before writing

@@ -443,6 +443,32 @@ def test_comparison_table_is_mean_and_std_over_seeds_per_algorithm_and_alpha(tmp
     assert "| y | hetero_ssfl | 0.5 | 0 | hetero_ssfl: eval.personalized does not apply |" in text
 
 
+def test_a_relative_model_init_is_pinned_to_the_callers_directory(tmp_path, monkeypatch):
+    """Tune runs a trial in its own working directory: the trial must still find the weights."""
+    import torch
+
+    from fedray.models import SmallCNN
+
+    monkeypatch.chdir(tmp_path)
+    torch.save(SmallCNN(1, 8, 10).state_dict(), "w.pt")
+    spec = spec_from(tmp_path, base={**TINY_BASE, "model": {"init": "w.pt"}})
+    monkeypatch.chdir(tmp_path.parent)
+    assert spec.trial_config({"data.alpha": 0.1}).model.init == str(tmp_path / "w.pt")
+
+
+def test_comparison_table_marks_personalised_algorithms(tmp_path):
+    """A personalised algorithm's test_accuracy is a global model with an untrained head: its row never
+    stands unmarked beside the global algorithms' rows."""
+    base = {**TINY_BASE, "data": {"num_clients": 6, "client_test_fraction": 0.25}, "eval": {"personalized": True}}
+    spec = spec_from(tmp_path, base=base, space={"algorithm.name": {"grid": ["fedavg", "fedper"]}})
+    trials = [{"trial_id": name, "status": "TERMINATED", "algorithm.name": name, "best_metric": 0.5, "best_round": 1,
+               "round": 1, "error": None} for name in ("fedavg", "fedper")]
+    rounds = [{"trial_id": name, "round": 1, "test_accuracy": 0.5, "personal_accuracy": 0.9} for name in ("fedavg", "fedper")]
+    text = comparison_markdown(write_sweep(tmp_path, spec, trials, rounds))
+    assert text.count("| fedper (personalised) |") == 2 and text.count("| fedavg |") == 2  # both tables
+    assert "Rows marked (personalised) are evaluated by each client's own model" in text
+
+
 def test_top_trials_table_ranks_by_the_sweep_mode_and_prints_integers_as_integers(tmp_path):
     spec = spec_from(tmp_path, metric="test_loss")
     # t4 led the sweep (lowest loss) before it diverged: an errored trial is never ranked, whatever it reported

@@ -26,6 +26,9 @@ module (docs/writing_an_algorithm.md); the runtime finds it by ``algorithm.name`
    for each of them and reports the mean of every metric over the clients that return it.
 
 Hyperparameters are a pydantic model ``Params`` whose fields are the ``algorithm.*`` config keys.
+What the algorithm needs from the model and the config (BatchNorm layers, a projection head, feature
+taps, per-client test splits) is its ``requires`` (:mod:`fedray.algorithms.requirements`), checked
+before Ray starts.
 Every random choice inside ``client_update`` must come from ``ctx.generator`` or torch's global RNG,
 which the runtime seeds from ``(seed, round, client_id)`` before each client (docs/architecture.md, principle 7).
 """
@@ -42,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from fedray.algorithms.requirements import Requirement
 from fedray.config import RunConfig, TrainConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
@@ -67,7 +71,7 @@ class ClientContext:
     client_id: int
     round: int
     model: FedModel  # the worker's model for this client's architecture; weights are the algorithm's to load
-    x: Tensor  # uint8 [n, C, H, W] on `device`: the client's training split
+    x: Tensor  # on `device`, as stored (uint8 images [n, C, H, W], int64 tokens [n, T] or float32 features [n, D]): the client's training split
     y: Tensor  # int64 [n]
     info: DatasetInfo
     train: TrainConfig
@@ -86,7 +90,7 @@ class ClientContext:
         return int(self.y.shape[0])
 
     def batches(self, epochs: int | None = None, batch_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """Shuffled mini-batches ``(x [b, C, H, W] float normalised and augmented, y [b])`` for
+        """Shuffled mini-batches ``(x [b, ...] normalised (DatasetInfo.normalize) and augmented, y [b])`` for
         ``epochs`` passes (default ``train.local_epochs``) over the client's data."""
         epochs = self.train.local_epochs if epochs is None else epochs
         batch_size = self.train.batch_size if batch_size is None else batch_size
@@ -125,6 +129,9 @@ class Algorithm:
     # Whether client_update returns ClientUpdate.state: such runs need a client state store that every
     # node of a cluster reaches (checked before the first round; see fedray.runtime.state_store).
     keeps_client_state: ClassVar[bool] = False
+    # What the model and config must provide (BatchNorm layers, a projection head, per-client test
+    # splits...), checked before Ray starts; see fedray.algorithms.requirements.
+    requires: ClassVar[frozenset[Requirement]] = frozenset()
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:

@@ -14,11 +14,11 @@ uploads ``n_k · w_k`` restricted to the non-BN entries; the server takes the sa
 ``encoder.stem.1.*``, ``…norm1.*``, ``…norm2.*`` and ``…shortcut.1.*``. ``num_batches_tracked`` is an
 integer buffer outside the flat layout; it is never uploaded and is not part of the client state
 (it only matters for BatchNorm with ``momentum=None``, which no fedray model uses). A model without
-BatchNorm (``cnn_small``, ``cnn_cifar``, ``norm: group``) has nothing personal and FedBN is then
-exactly FedAvg.
+BatchNorm (``cnn_small``, ``cnn_cifar``, ``norm: group``) would have nothing personal, making FedBN
+exactly FedAvg, so such a model is refused before the run starts (``requires``).
 
-**Evaluation.** The paper evaluates each client's model on that client's own test data, so run
-FedBN with ``data.client_test_fraction > 0`` and ``eval.personalized: true`` and read
+**Evaluation.** The paper evaluates each client's model on that client's own test data, so FedBN
+requires ``data.client_test_fraction > 0`` and ``eval.personalized: true``; read
 ``personal_accuracy`` (each client's global non-BN weights plus its own BN layers, on its held-out
 split; see :mod:`fedray.algorithms.personalized`). ``test_accuracy`` is the global non-BN weights
 with θ_0's untrained BN layers (initial running statistics 0/1) on the global test set: it is *not*
@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedray.algorithms.base import AlgorithmParams
 from fedray.algorithms.personalized import ParameterSplit, PersonalizedAlgorithm
+from fedray.algorithms.requirements import BATCHNORM
 from fedray.models import FedModel
 
 
@@ -49,6 +50,7 @@ def batchnorm_keys(model: FedModel) -> list[str]:
 
 class FedBN(PersonalizedAlgorithm):
     name = "fedbn"
+    requires = PersonalizedAlgorithm.requires | {BATCHNORM}
     Params = AlgorithmParams
 
     def make_split(self, model: FedModel) -> ParameterSplit:

@@ -5,10 +5,12 @@ global model plus global class prototypes.
 
     L = CE(h(z), y) + λ · MSE(z, C̄^{y})          (FedProto's local objective: supervised loss + λ · prototype regulariser)
 
-MSE is the mean of squared differences over batch × feature dim, as FedProto's code
-(``ld · nn.MSELoss``), i.e. λ·‖z − C̄^y‖²/d per sample. Samples whose class has no global prototype
-add nothing; round 1 is CE only. After training the client computes its per-class feature sums and
-counts with the final local model (eval mode, no augmentation).
+MSE is the mean of squared differences over the whole batch × feature dim, as FedProto's code
+(``ld · nn.MSELoss``) and PFLlib's ``clientproto.py``: λ·Σ_i ‖z_i − C̄^{y_i}‖²/(B·d) with B the batch
+size. A sample whose class has no global prototype has its own feature as target there, i.e. a zero
+residual: it adds nothing to the sum but still counts in B (:func:`prototype_alignment`). Round 1 is
+CE only. After training the client computes its per-class feature sums and counts with the final
+local model (eval mode, no augmentation).
 
 **Server:** C̄^j = Σ_k n_k^j c_k^j / Σ_k n_k^j (FedProto's class-count-weighted prototype aggregation). That is
 a ratio of sums, so class sums and counts are pre-aggregated in the workers (``sums``) like the
@@ -50,7 +52,6 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.fedsc import eval_pass_class_sums
 from fedray.algorithms.local import local_train
-from fedray.algorithms.losses import prototype_distance
 from fedray.algorithms.prototypes import class_means
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
@@ -64,6 +65,17 @@ def nearest_prototype_logits(features: Tensor, prototypes: Tensor, present: Tens
     """Logits −‖z − C̄^j‖² ``[B, C]`` whose argmax is the nearest prototype; −inf for absent classes."""
     logits = -torch.cdist(features, prototypes).pow(2)
     return logits.masked_fill(~present.unsqueeze(0), float("-inf"))
+
+
+def prototype_alignment(features: Tensor, labels: Tensor, prototypes: Tensor, present: Tensor) -> Tensor:
+    """FedProto's prototype regulariser: Σ_i ‖z_i − C̄^{y_i}‖² / (B·d) over the samples whose class
+    has a global prototype, B being the whole batch (``features`` ``[B, d]``, ``labels`` ``[B]``,
+    ``prototypes`` ``[C, d]``, ``present`` ``[C]``). Samples of a class without a prototype count as a
+    zero residual, as in FedProto's and PFLlib's code, which substitute the sample's own feature for
+    the missing prototype; no gradient flows into the prototypes."""
+    keep = present[labels].unsqueeze(1).to(features.dtype)
+    residual = (features - prototypes[labels].detach()) * keep  # zero (value and gradient) without a prototype
+    return residual.pow(2).mean()
 
 
 class FedProto(Algorithm):
@@ -102,8 +114,7 @@ class FedProto(Algorithm):
             ce = F.cross_entropy(model.classify(features), y)
             if not use_alignment:
                 return ce, {"ce": ce.detach()}
-            keep = present[y]
-            alignment = prototype_distance(features[keep], prototypes[y[keep]], "mse")
+            alignment = prototype_alignment(features, y, prototypes, present)
             return ce + mu * alignment, {"ce": ce.detach(), "prototype_loss": alignment.detach()}
 
         metrics = local_train(ctx, loss_fn)

@@ -43,7 +43,8 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import model_contrastive_loss
-from fedray.config import ConfigError, RunConfig
+from fedray.algorithms.requirements import PROJECTION_HEAD
+from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
@@ -59,16 +60,12 @@ class MOONParams(AlgorithmParams):
 class MOON(Algorithm):
     name = "moon"
     keeps_client_state = True
+    requires = frozenset({PROJECTION_HEAD})
     Params = MOONParams
     params: MOONParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)
-        if config.model.projection_dim is None:
-            raise ConfigError(
-                "invalid config:\n  model.projection_dim: MOON contrasts projection-head outputs; "
-                "set it to a positive size (e.g. 256 as in MOON on CIFAR, 32 on digits)"
-            )
         self._frozen = FrozenCopies()  # worker-local copies for z_glob and z_prev
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:

@@ -21,7 +21,9 @@ reports its accuracy right after local training (``post_train_accuracy``), summe
 cohort into the round metric ``post_train_personal_accuracy``.
 
 **Global model.** There is no global head, so ``test_accuracy`` (global test set) is that of φ^G
-with the untrained π_0: not meaningful for these methods; read ``personal_accuracy``.
+with the untrained π_0: not meaningful for these methods; read ``personal_accuracy``. Every
+personalised algorithm therefore requires ``data.client_test_fraction > 0`` and
+``eval.personalized: true`` (``requires``, checked before Ray starts).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from fedray.algorithms.base import (
     weighted_sums,
 )
 from fedray.algorithms.local import local_train
+from fedray.algorithms.requirements import PERSONAL_TEST_SPLITS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
@@ -154,6 +157,7 @@ class PersonalizedAlgorithm(Algorithm):
 
     Params = PersonalizedParams
     keeps_client_state = True
+    requires = frozenset({PERSONAL_TEST_SPLITS})
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)

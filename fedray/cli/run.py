@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     parser.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001); default: start a local Ray")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (YAML, algorithm defaults filled in) and exit: no run, no Ray")
     parser.set_defaults(handler=run_command)
 
 
@@ -38,6 +40,9 @@ def run_command(args: argparse.Namespace) -> int:
         sections = load_config_sections(saved_config_path(args.resume))
     else:
         sections = load_config_sections(args.config, args.overrides)
+    if args.print_config:
+        print_config(sections)
+        return 0
     from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
 
     start_local_ray_in_background(sections, args.address)  # overlaps the imports and the data's preparation
@@ -60,6 +65,16 @@ def run_command(args: argparse.Namespace) -> int:
         raise
     print_summary(summary, before_run)
     return 0
+
+
+def print_config(sections) -> None:
+    """Print the config a run would use, as ``config.yaml`` would hold it: the algorithm's and
+    callbacks' keys validated and the algorithm's defaults filled in. Writes nothing, starts no Ray."""
+    import yaml
+
+    from fedray.plugins import validate_plugins  # imports torch and the algorithms
+
+    print(yaml.safe_dump(validate_plugins(sections).to_dict(), sort_keys=False, allow_unicode=True), end="")
 
 
 def seconds_since_process_start() -> float:
@@ -86,7 +101,9 @@ def print_summary(summary, before_run: float) -> None:
     print(f"best test acc.     {percent(summary.best_test_accuracy)} (round {summary.best_round})")
     if "personal_accuracy" in summary.final_metrics:
         print(f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}")
-    print(f"wall time          {summary.seconds:.1f} s (Ray start-up {summary.ray_startup_seconds:.1f} s)")
+    where = "local backend, no Ray" if summary.backend == "local" else f"Ray start-up {summary.ray_startup_seconds:.1f} s"
+    print(f"wall time          {summary.seconds:.1f} s ({where})")
     if summary.first_round_seconds is not None:
         print(f"first round after  {before_run + summary.first_round_seconds:.1f} s (from the command's start)")
-    print("files              config.yaml, metrics.parquet, summary.json, workers.json, learning_curve.png, partition.png, tensorboard/, checkpoints/")
+    workers = " workers.json," if summary.backend == "ray" else ""
+    print(f"files              config.yaml, metrics.parquet, summary.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/")

@@ -43,7 +43,7 @@ class WorkerPlacement(Callback):
             self._record_changes(run, row["round"])
 
     def _record_changes(self, run: RunContext, round: int) -> None:
-        workers = ray.get(run.server.worker_handles.remote())
+        workers = run.server.worker_handles()
         if list(self.nodes) == workers:
             return
         self.nodes = {worker: self.nodes[worker] if worker in self.nodes else _node_of(worker) for worker in workers}

@@ -13,13 +13,17 @@ Algorithm-specific keys are declared by each algorithm's ``Params`` model (see
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic")
-PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity")
-MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18")
+DATASETS = (
+    "digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic",
+    "imagefolder", "table", "pystdlib_chars", "breast_cancer", "wine",
+)
+PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity", "natural")
+MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18", "mlp", "char_lstm")
 
 
 class Section(BaseModel):
@@ -42,10 +46,52 @@ class SyntheticConfig(Section):
 
 
 class DataConfig(Section):
-    name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    """The ``data`` section. ``name`` is a built-in dataset (:data:`DATASETS`) or
+    ``package.module:Name``, a function or class returning :class:`fedray.data.UserData`
+    (docs/guide/your_data.md)."""
+
+    name: str = Field("digits", max_length=1000)
     root: str = Field("data", max_length=4096)
+    path: str | None = Field(
+        None,
+        max_length=4096,
+        description="imagefolder: the image folder (with train/ and test/ subfolders, or one tree); "
+        "table: the .parquet or .csv file",
+    )
+    test_path: str | None = Field(
+        None,
+        max_length=4096,
+        description="imagefolder/table: the test folder or file (default: <path>/test for an image "
+        "folder that has one, else a seeded data.test_fraction split)",
+    )
+    image_size: int | None = Field(
+        None, gt=0, le=1024, description="imagefolder/table images: resized to this square size (None: the first image's)"
+    )
+    label_column: str = Field("label", min_length=1, description="table: the integer label column")
+    feature_columns: list[str] | None = Field(
+        None, description="table: the feature columns (None: every other numeric column)"
+    )
+    image_column: str | None = Field(None, description="table: a column of encoded PNG/JPEG images")
+    sequence_column: str | None = Field(
+        None, description="table: a column of token sequences (lists of ints) or of text (characters)"
+    )
+    client_column: str | None = Field(
+        None, description="table: the client id of every row, for data.partition=natural"
+    )
+    seq_len: int | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="pystdlib_chars: characters per sample (None: 80); table sequences: the length they "
+        "are padded to, a longer one is an error (None: the longest)",
+    )
+    max_samples_per_client: int | None = Field(
+        None, gt=0, description="data.partition=natural: keep a seeded subset of at most this many samples per client"
+    )
     download: bool = False
-    num_clients: int = Field(20, gt=0, le=100_000_000)
+    num_clients: int = Field(
+        20, gt=0, le=100_000_000, description="data.partition=natural: must equal the number of client ids"
+    )
     partition: Literal[PARTITIONS] = "dirichlet"  # type: ignore[valid-type]
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (symbol α)")
     min_samples_per_client: int = Field(
@@ -84,14 +130,71 @@ class DataConfig(Section):
     augmentation: Literal["auto", "none", "crop_flip"] = "auto"
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
+    @field_validator("name")
+    @classmethod
+    def _built_in_or_reference(cls, name: str) -> str:
+        from fedray.config.references import is_reference  # the references module imports this one
+
+        if name not in DATASETS and not is_reference(name):
+            allowed = ", ".join(repr(known) for known in DATASETS)
+            raise ValueError(f"Input should be {allowed} or package.module:Name (your own data)")
+        return name
+
+
+TORCHVISION_PREFIX = "torchvision:"
+
 
 class ModelConfig(Section):
-    name: Literal[MODELS] = "cnn_small"  # type: ignore[valid-type]
+    """``model.name`` is a built-in name (:data:`MODELS`), ``torchvision:NAME`` (a torchvision
+    classification model, untrained) or ``package.module:Name`` (the user's ``nn.Module`` class or
+    factory); :mod:`fedray.models.external` builds the last two (docs/guide/your_model.md)."""
+
+    name: str = Field("cnn_small", description="a built-in model, torchvision:NAME or package.module:Name")
     norm: Literal["batch", "group"] = "batch"
     projection_dim: int | None = Field(
         None, gt=0, description="output size of the optional projection head (None: no head)"
     )
     width: int = Field(16, gt=0, le=1024, description="channels of the first conv layer (CNNs)")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="torchvision:/package.module:Name models: extra keyword arguments of the class or factory",
+    )
+    classifier: str | None = Field(
+        None,
+        description="package.module:Name / torchvision: models: the submodule that maps features to logits "
+        "(default: the module's last nn.Linear)",
+    )
+    init: str | None = Field(
+        None,
+        max_length=4096,
+        description="a state_dict file (torch.save) the model starts from, made absolute against the "
+        "current directory (None: random initialisation)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        from fedray.config.references import is_reference  # the references module imports this one
+
+        if name in MODELS or is_reference(name):
+            return name
+        raise ValueError(f"unknown model; choose one of {', '.join(MODELS)}, {TORCHVISION_PREFIX}NAME or package.module:Name")
+
+    @field_validator("init")
+    @classmethod
+    def _absolute_init(cls, init: str | None) -> str | None:
+        """Ray actors run elsewhere than the caller's directory: pin a relative path to it."""
+        return None if init is None else str(Path(init).expanduser().absolute())
+
+    @field_validator("kwargs", "classifier")
+    @classmethod
+    def _only_for_external_models(cls, value: Any, info: ValidationInfo) -> Any:
+        from fedray.config.references import is_reference
+
+        name = info.data.get("name", "")
+        if value and not is_reference(name):
+            raise ValueError(f"applies to torchvision:NAME and package.module:Name models, not the built-in {name!r}")
+        return value
 
 
 class AlgorithmConfig(BaseModel):
@@ -134,6 +237,13 @@ class CheckpointConfig(Section):
 
 
 class ResourcesConfig(Section):
+    backend: Literal["auto", "local", "ray"] = Field(
+        "auto",
+        description="where the workers run: local (in the driver process, no Ray: starts at once, "
+        "breakpoint() works in client code), ray (worker actors on a Ray cluster: parallel workers, "
+        "fractional GPUs, replacement of dead workers), auto (local when num_workers is 1 and no Ray "
+        "address is given, else ray); fedray tune always runs its trials on ray",
+    )
     num_workers: int = Field(2, gt=0)
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)

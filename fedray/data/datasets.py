@@ -1,4 +1,5 @@
-"""Load a dataset named by ``data.name`` into uint8 ``[N, C, H, W]`` arrays.
+"""Load a dataset named by ``data.name`` into arrays: uint8 images ``[N, C, H, W]`` for the built-in
+image datasets, or any modality (:mod:`fedray.data.base`) for your own data.
 
 ``digits`` ships inside scikit-learn and ``synthetic`` is generated, so neither needs files. MNIST
 and Fashion-MNIST are read from their original (gzipped) IDX files where they lie (:mod:`fedray.data.idx`):
@@ -18,6 +19,14 @@ Default augmentation (``data.augmentation=auto``): ``crop_flip`` for CIFAR-10/10
 Tiny-ImageNet, ``none`` for digits, MNIST, Fashion-MNIST and synthetic. SVHN gets ``crop_flip`` too,
 as in the common FL benchmark pipelines, rather than a crop-only variant: the config offers exactly
 ``none`` and ``crop_flip``, and ``data.augmentation=none`` turns flipping off.
+
+Your own data (docs/guide/your_data.md): ``imagefolder`` and ``table`` read files
+(:mod:`fedray.data.formats`), ``package.module:Name`` calls your code (:mod:`fedray.data.user`), and
+``pystdlib_chars``, ``breast_cancer`` and ``wine`` are built-in benchmarks of tokens and features
+(:mod:`fedray.data.benchmarks`). Without a test set of their own, the test set is a seeded
+``data.test_fraction`` share of the samples, taken from every client's samples alike when
+``data.partition=natural``; ``data.max_samples_per_client`` first keeps a seeded subset of every
+client's samples. Features are standardised with the training set's per-feature mean and std.
 """
 
 from __future__ import annotations
@@ -27,9 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.config import ConfigError, DataConfig
+from fedray.config import ConfigError, DataConfig, is_reference
 from fedray.data.base import ArrayDataset, DatasetInfo
+from fedray.data.benchmarks import load_pystdlib_chars, load_sklearn_table
+from fedray.data.formats import load_image_folder, load_table
 from fedray.data.idx import IdxFormatError, has_idx_files, read_idx_split
+from fedray.data.partition import natural_clients, split_client_test
+from fedray.data.user import UserData, load_user_reference
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 
@@ -75,7 +88,16 @@ _TORCHVISION_SOURCES = {
 # command that installs it (named in the missing-files error).
 SYSTEM_DATA_DIRS = {"fmnist": Path("/usr/share/datasets/fashion-mnist")}
 _SYSTEM_PACKAGES = {"fmnist": "apt-get install -y dataset-fashion-mnist"}
-_HOLD_OUT_STREAMS = {"subset": 0x5355, "validation": 0x5641}  # independent of other draws
+_HOLD_OUT_STREAMS = {"subset": 0x5355, "validation": 0x5641, "test": 0x5445, "per_client": 0x5043}  # independent of other draws
+# Your own data: data.name → the loader of its arrays (data.name: package.module:Name is loaded by
+# fedray.data.user.load_user_reference).
+_USER_DATA_LOADERS = {
+    "imagefolder": load_image_folder,
+    "table": load_table,
+    "pystdlib_chars": load_pystdlib_chars,
+    "breast_cancer": load_sklearn_table,
+    "wine": load_sklearn_table,
+}
 _TINY_IMAGENET_STATS = ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821))
 _TINY_IMAGENET_FILES = (
     "tiny-imagenet-200/ with wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG and "
@@ -96,7 +118,13 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
     Then ``cfg.max_train_samples`` subsamples the training set and ``cfg.validation_fraction > 0``
     makes a held-out share of it the returned test set (both seeded by ``seed``).
     """
-    if cfg.name == "digits":
+    vocab_size = None
+    if cfg.name in _USER_DATA_LOADERS or is_reference(cfg.name):
+        train, test, user_data = _load_user_data(cfg, seed)
+        num_classes, vocab_size, default_augmentation, stats = user_data.num_classes, user_data.vocab_size, "none", None
+    elif cfg.max_samples_per_client is not None:
+        raise ConfigError(f"data.max_samples_per_client: data.name={cfg.name} has no client ids")
+    elif cfg.name == "digits":
         train, test = _load_digits(cfg.test_fraction, seed)
         num_classes, default_augmentation, stats = 10, "none", None
     elif cfg.name == "synthetic":
@@ -117,22 +145,75 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         stats = (source.mean, source.std)
     if cfg.max_train_samples is not None and cfg.max_train_samples < len(train):
         kept, _ = hold_out(len(train), cfg.max_train_samples, seed, _HOLD_OUT_STREAMS["subset"])
-        train = ArrayDataset(train.x[kept], train.y[kept])
+        train = train.subset(kept)
     if cfg.validation_fraction > 0:
         size = max(1, round(cfg.validation_fraction * len(train)))
         held, rest = hold_out(len(train), size, seed, _HOLD_OUT_STREAMS["validation"])
-        train, test = ArrayDataset(train.x[rest], train.y[rest]), ArrayDataset(train.x[held], train.y[held])
-    mean, std = stats if stats is not None else _channel_stats(train.x)
+        train, test = train.subset(rest), train.subset(held)
+    modality = train.modality
+    if modality != "image" and cfg.augmentation == "crop_flip":
+        raise ConfigError(f"data.augmentation: crop_flip applies to images; data.name={cfg.name} has {modality}")
+    if modality == "image":
+        mean, std = stats if stats is not None else _channel_stats(train.x)
+    elif modality == "features":
+        mean, std = _feature_stats(train.x)
+    else:
+        mean, std = (), ()
     info = DatasetInfo(
         name=cfg.name,
         num_classes=num_classes,
-        channels=int(train.x.shape[1]),
-        image_size=int(train.x.shape[2]),
+        channels=int(train.x.shape[1]) if modality == "image" else 0,
+        image_size=int(train.x.shape[2]) if modality == "image" else 0,
         mean=tuple(mean),
         std=tuple(std),
         augmentation=default_augmentation if cfg.augmentation == "auto" else cfg.augmentation,
+        modality=modality,
+        input_shape=tuple(int(size) for size in train.x.shape[1:]),
+        vocab_size=vocab_size,
     )
     return train, test, info
+
+
+def _load_user_data(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset, UserData]:
+    """Train and test sets of your own data (see the module docstring) and the checked
+    :class:`UserData` they come from."""
+    data = load_user_reference(cfg.name) if is_reference(cfg.name) else _USER_DATA_LOADERS[cfg.name](cfg)
+    train = ArrayDataset(data.x_train, data.y_train, data.client_ids_train)
+    if cfg.max_samples_per_client is not None:
+        train = train.subset(_per_client_subset(train, cfg, seed))
+    if data.x_test is not None:
+        return train, ArrayDataset(data.x_test, data.y_test), data
+    if cfg.partition == "natural" and train.client_ids is not None:
+        clients, _ = natural_clients(train.client_ids)
+        train_part, test_part = split_client_test(clients, cfg.test_fraction, seed)
+        train_index, test_index = np.sort(train_part.indices), np.sort(test_part.indices)
+    else:
+        size = max(1, round(cfg.test_fraction * len(train)))
+        test_index, train_index = hold_out(len(train), size, seed, _HOLD_OUT_STREAMS["test"])
+    test = train.subset(test_index)
+    return train.subset(train_index), ArrayDataset(test.x, test.y), data
+
+
+def _per_client_subset(train: ArrayDataset, cfg: DataConfig, seed: int) -> np.ndarray:
+    """Ascending indices of a seeded subset of at most ``data.max_samples_per_client`` samples of
+    every client."""
+    if train.client_ids is None:
+        raise ConfigError(f"data.max_samples_per_client: data.name={cfg.name} has no client ids (set data.client_column)")
+    clients, _ = natural_clients(train.client_ids)
+    rng = np.random.default_rng([seed, _HOLD_OUT_STREAMS["per_client"]])
+    owner = np.repeat(np.arange(clients.num_clients), clients.sizes)
+    order = np.lexsort((rng.random(owner.shape[0]), owner))  # shuffled inside each client
+    position = np.arange(owner.shape[0]) - clients.offsets[owner]
+    return np.sort(clients.indices[order][position < cfg.max_samples_per_client])
+
+
+def _feature_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-feature mean and std of float32 features; a constant feature gets std 1 (it is only
+    centred)."""
+    mean = x.mean(axis=0, dtype=np.float64)
+    std = x.std(axis=0, dtype=np.float64)
+    std[std == 0] = 1.0
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
 def hold_out(num_samples: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,8 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
     ``iid``: shuffled, near-equal sizes. ``dirichlet``: per-class Dirichlet(``cfg.alpha``) over
     clients. ``dirichlet_equal_size``: the CReFF procedure that FedSC/FedSKC's official code uses (optional
     long tail, equal client sizes). ``shards``: ``cfg.classes_per_client`` label shards per client.
-    ``quantity``: iid labels with log-normal(``cfg.quantity_sigma``) client sizes.
+    ``quantity``: iid labels with log-normal(``cfg.quantity_sigma``) client sizes. (``natural``
+    follows the data's client ids instead: :func:`natural_partition`.)
     """
     labels = np.asarray(labels, dtype=np.int64)
     num_samples, num_clients = int(labels.shape[0]), cfg.num_clients
@@ -55,6 +56,26 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
     if cfg.partition == "quantity":
         return _quantity(num_samples, num_clients, cfg.quantity_sigma, np.random.default_rng(seed))
     raise ConfigError(f"data.partition: unknown partition {cfg.partition!r}")
+
+
+def natural_clients(client_ids: np.ndarray) -> tuple[ClientPartition, np.ndarray]:
+    """One client per distinct value of ``client_ids`` (``data.partition=natural``), in sorted order
+    of the values: the partition (each client's sample indices ascending) and the values."""
+    names, owner = np.unique(client_ids, return_inverse=True)
+    return _from_owner(owner.reshape(-1).astype(np.int64), names.shape[0]), names
+
+
+def natural_partition(client_ids: np.ndarray, cfg: DataConfig) -> tuple[ClientPartition, tuple[str, ...]]:
+    """:func:`natural_clients` of the training samples' ids, with the ids as strings;
+    ``data.num_clients`` must equal their number."""
+    clients, names = natural_clients(client_ids)
+    if clients.num_clients != cfg.num_clients:
+        raise ConfigError(
+            f"data.num_clients: data.partition=natural gives one client per client id and data.name={cfg.name} "
+            f"has {clients.num_clients} in its training set; set data.num_clients={clients.num_clients} "
+            f"(and train.clients_per_round to at most that)"
+        )
+    return clients, tuple(str(name) for name in names)
 
 
 def split_client_test(

@@ -10,7 +10,13 @@ name           architecture                                         feature_dim
 ``resnet8``    :func:`~fedray.models.resnet.resnet8` (FedSKC)        256
 ``resnet10``   :func:`~fedray.models.resnet.resnet10` (FedSC)        512
 ``resnet18``   :func:`~fedray.models.resnet.resnet18` (FedRCL)       512
+``mlp``        :class:`~fedray.models.mlp.MLP` (features, images)   ``model.width``
+``char_lstm``  :class:`~fedray.models.char_lstm.CharLSTM` (tokens)  ``model.width``
 =============  ===================================================  =========================
+
+or a model from outside fedray: ``torchvision:NAME`` or the user's ``package.module:Name``, wrapped
+into a :class:`FedModel` (:mod:`fedray.models.external`, :mod:`fedray.models.wrap`). ``model.init``
+loads starting weights into any of them.
 
 ``model.width`` applies to the CNNs only and ``model.norm`` to the ResNets only (the CNNs have no
 normalisation layers). ``model.projection_dim`` adds :func:`projection_head` as ``projector``.
@@ -24,8 +30,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedray.config.references import is_reference
 from fedray.models.base import FedModel
+from fedray.models.char_lstm import CharLSTM
 from fedray.models.cnn import CifarCNN, SmallCNN
+from fedray.models.external import build_external_model, load_initial_weights
+from fedray.models.mlp import MLP
 from fedray.models.resnet import ResNet, resnet8, resnet10, resnet18
 from fedray.models.weights import get_flat_weights, num_flat_weights, set_flat_weights, state_keys
 
@@ -43,7 +53,11 @@ _BUILDERS: dict[str, Callable[[ModelConfig, DatasetInfo], FedModel]] = {
     "resnet8": lambda cfg, info: resnet8(info.channels, info.num_classes, cfg.norm),
     "resnet10": lambda cfg, info: resnet10(info.channels, info.num_classes, cfg.norm),
     "resnet18": lambda cfg, info: resnet18(info.channels, info.num_classes, cfg.norm),
+    "mlp": lambda cfg, info: MLP(info.input_shape, info.num_classes, cfg.width),
+    "char_lstm": lambda cfg, info: CharLSTM(info.vocab_size, info.num_classes, cfg.width),
 }
+# The data modalities (DatasetInfo.modality) each built-in model takes; the others take images only.
+_INPUT_MODALITIES = {"mlp": ("features", "image"), "char_lstm": ("tokens",)}
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -60,32 +74,45 @@ def projection_head(feature_dim: int, projection_dim: int) -> nn.Sequential:
 
 
 def build_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
-    """The model named by ``cfg.name`` for ``info``'s channels, image size and class count, with a
-    :func:`projection_head` as ``projector`` when ``cfg.projection_dim`` is set."""
+    """The model named by ``cfg.name`` for ``info``'s channels, image size and class count (a built-in
+    one, or ``torchvision:NAME`` / ``package.module:Name``: :mod:`fedray.models.external`), with a
+    :func:`projection_head` as ``projector`` when ``cfg.projection_dim`` is set, starting from the
+    weights in ``cfg.init`` when that is set."""
+    if is_reference(cfg.name):  # torchvision:NAME or package.module:Name
+        return _with_head_and_init(build_external_model(cfg, info), cfg)
     try:
         builder = _BUILDERS[cfg.name]
     except KeyError:
         raise ValueError(f"unknown model {cfg.name!r}; choose one of {MODEL_NAMES}") from None
-    model = builder(cfg, info)
+    modalities = _INPUT_MODALITIES.get(cfg.name, ("image",))
+    if info.modality not in modalities:
+        raise ValueError(f"{cfg.name} takes {' or '.join(modalities)} input, not {info.modality}")
+    return _with_head_and_init(builder(cfg, info), cfg)
+
+
+def _with_head_and_init(model: FedModel, cfg: ModelConfig) -> FedModel:
     if cfg.projection_dim is not None:
         model.projector = projection_head(model.feature_dim, cfg.projection_dim)
+    if cfg.init is not None:
+        load_initial_weights(model, cfg.init)
     return model
 
 
 def forward_flops(model: FedModel, info: DatasetInfo) -> int:
-    """FLOPs of ``model``'s forward pass (features and logits) on one ``info``-shaped image, as
+    """FLOPs of ``model``'s forward pass (features and logits) on one ``info``-shaped input, as
     counted by PyTorch's ``FlopCounterMode``: a client's compute per sample, for load balancing."""
-    image = torch.zeros(1, info.channels, info.image_size, info.image_size)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
-        model.eval()(image)
+        model.eval()(info.dummy_input())
     return counter.get_total_flops()
 
 
 __all__ = [
     "MODEL_NAMES",
+    "CharLSTM",
     "CifarCNN",
     "FedModel",
+    "MLP",
     "ResNet",
     "SmallCNN",
     "build_model",

@@ -29,12 +29,24 @@ from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
-from fedray.runtime.ray_start import check_address, check_local_resources, ensure_ray, starts_local_ray
-from fedray.runtime.server import Server, WorkerPoolError, start_worker
-from fedray.runtime.state_store import ClientStateError, ClientStateStore, client_state_location, nodes_missing_location
+from fedray.runtime.engine import RoundEngine
+from fedray.runtime.pool import LocalPool
+from fedray.runtime.resume import ResumeRecord, check_resumable, config_changes
+from fedray.runtime.ray_start import check_address, check_gpu_available, check_local_resources, ensure_ray, starts_local_ray, uses_ray
+from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
+from fedray.runtime.state_store import (
+    ClientStateError,
+    ClientStateStore,
+    LocationClaim,
+    claim_location,
+    client_state_location,
+    location_outside_run_dir,
+    nodes_missing_location,
+)
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
+    HealthMonitor,
     MetricsParquet,
     Plots,
     ProgressBar,
@@ -62,6 +74,7 @@ class RunSummary:
     ray_startup_seconds: float
     first_round_seconds: float | None  # from the call to the end of its first round (None: no round ran)
     final_metrics: dict[str, Any]
+    backend: str = "ray"  # where the workers ran: "local" (in the driver process) or "ray"
 
 
 @dataclass
@@ -82,19 +95,21 @@ class Checkpointer(Callback):
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         round = row["round"]
         if round % run.config.checkpoint.every == 0 or round == run.config.train.rounds:
-            contents = ray.get(run.server.checkpoint_state.remote())
+            contents = run.server.checkpoint_state()
             save_checkpoint(run.run_dir, round, {**contents, "config": run.config.to_dict()}, run.config.checkpoint.keep)
-            ray.get(run.server.checkpoint_written.remote())
+            run.server.checkpoint_written()
 
 
-def default_callbacks(config: RunConfig, progress: bool) -> list[Callback]:
-    callbacks: list[Callback] = [MetricsParquet(), Checkpointer(), WorkerPlacement()]
+def default_callbacks(config: RunConfig, progress: bool, on_ray: bool = True) -> list[Callback]:
+    """``on_ray``: the workers are Ray actors, whose nodes ``workers.json`` records."""
+    callbacks: list[Callback] = [MetricsParquet(), Checkpointer(), *([WorkerPlacement()] if on_ray else [])]
     if config.output.tensorboard:
         callbacks.append(TensorBoardLogger())
     if config.output.plots:
         callbacks.append(Plots())
     if progress:
         callbacks.append(ProgressBar())
+    callbacks.append(HealthMonitor())  # after the bar, which shows its warnings above itself
     return callbacks + [cls() for cls in config_callback_classes(config)]  # output.callbacks, last
 
 
@@ -123,12 +138,35 @@ def new_run_dir(config: RunConfig) -> Path:
     return run_dir
 
 
+def claim_new_run_dir(config: RunConfig) -> tuple[Path, list[Path]]:
+    """Create the directory :func:`new_run_dir` chooses, atomically: of two runs started together
+    with the same ``output.dir/output.name`` one gets it and the other is refused as if it had found
+    it (an unnamed run takes the next suffix). Returns the run directory and the directories created
+    (the run directory first, then its new parents), to remove if the run stops before its first round."""
+    while True:
+        run_dir = new_run_dir(config)
+        new_parents = [directory for directory in run_dir.parents if not directory.exists()]
+        try:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.mkdir()
+        except FileExistsError:
+            continue  # another run took it since new_run_dir looked
+        except OSError as error:  # e.g. under /proc, or a read-only mount that os.access did not tell
+            raise ConfigError(f"invalid config:\n  output.dir: cannot create {run_dir} ({error.strerror or error})") from None
+        return run_dir, [run_dir, *new_parents]
+
+
 def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> FederatedDataset:
     """Load and partition the data and build the algorithm and its model once, so that impossible
     client counts, a model that does not fit the data and the algorithm's own checks (which need the
     dataset, e.g. its model's taps) fail as config errors before Ray starts. ``data``: the dataset of
     ``config.data`` and ``config.seed`` when the caller has it already (a sweep validating many trials
-    of one partition)."""
+    of one partition). The model must map a batch of the data to logits (a user's model, with its
+    ``model.init`` weights) and meet what the algorithm ``requires`` (BatchNorm layers, per-client test
+    splits...)."""
+    from fedray.algorithms.requirements import check_requirements
+    from fedray.models.checks import check_model_output
+
     check_synthetic_size(config)
     if data is None:
         try:
@@ -152,13 +190,16 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     except ValueError as error:
         raise ConfigError(f"invalid config:\n  {first_line(error)}") from None
     try:
-        algorithm.build_model(algorithm.model_key(None))
+        model = algorithm.build_model(algorithm.model_key(None))
+        check_model_output(model, data.info, config.model.name)
+    except ConfigError:  # names its own key (model.init, model.classifier)
+        raise
     except ValueError as error:
-        info = data.info
         raise ConfigError(
             f"invalid config:\n  model.name: {first_line(error)} (data.name={config.data.name} has "
-            f"{info.channels}×{info.image_size}×{info.image_size} images)"
+            f"{data.info.describe()})"
         ) from None
+    check_requirements(algorithm, model)
     return data
 
 
@@ -204,6 +245,18 @@ def open_client_state_location(config: RunConfig, run_dir: Path) -> str | None:
     except (ClientStateError, OSError) as error:
         raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
     return location
+
+
+def claim_client_state_location(config: RunConfig, location: str | None, run_dir: Path, resuming: bool) -> LocationClaim | None:
+    """The run's claim on its client state location when that lies outside the run directory (None
+    otherwise: the run directory is the run's own); a location holding another run's state fails
+    as a config error, before Ray starts (:func:`~fedray.runtime.state_store.claim_location`)."""
+    if location is None or not location_outside_run_dir(config.output):
+        return None
+    try:
+        return claim_location(location, run_dir, resuming)
+    except (ClientStateError, OSError) as error:
+        raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
 
 
 def require_shared_client_state(config: RunConfig, location: str) -> None:
@@ -279,77 +332,75 @@ def run_experiment(
 ) -> RunSummary:
     """Run (or, with ``resume``, continue) one federated simulation.
 
-    ``placement`` lets a caller that already holds a placement group (a Ray Tune trial) pass it with
-    the index of the first worker bundle; otherwise one is reserved here. ``warm``: a server (and
-    dataset) kept by such a caller from its previous run with the same resources in that group, see
-    :class:`WarmServer`.
+    The workers run where ``resources.backend`` says (:func:`~fedray.runtime.ray_start.uses_ray`): in
+    this process on a :class:`LocalPool`, or as Ray actors next to a server actor. ``placement`` lets a
+    caller that already holds a placement group (a Ray Tune trial) pass it with the index of the first
+    worker bundle; otherwise one is reserved here. ``warm``: a server (and dataset) kept by such a
+    caller from its previous run with the same resources in that group, see :class:`WarmServer`. Both
+    imply Ray.
     """
     started = time.perf_counter()
     config = with_absolute_state_dir(validate_plugins(config))
     check_address(address)
+    on_ray = placement is not None or warm is not None or uses_ray(config.resources, address)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config, None if warm is None else warm.data)
-    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    checkpoint = load_latest_checkpoint(run_dir) if resume else None
-    if checkpoint is not None:
-        check_metrics_cover(run_dir, int(checkpoint["round"]))
-    state_location = open_client_state_location(config, run_dir)  # a bad URI fails here, before Ray
-    if starts_local_ray(address):
-        check_local_resources(config)
-    ray_startup_seconds = ensure_ray(address, config)
-    created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
-    created = bool(created_dirs)  # a run directory appears only once Ray and the resources are there
-    if state_location is not None:
-        try:
+    if run_dir is None:
+        run_dir, created_dirs = claim_new_run_dir(config)
+    else:
+        run_dir = Path(run_dir)
+        created_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # run dir first, then new parents
+    created = bool(created_dirs)  # removed again if the run stops before its first round
+    try:
+        checkpoint = load_latest_checkpoint(run_dir) if resume else None
+        if checkpoint is not None:
+            check_metrics_cover(run_dir, int(checkpoint["round"]))
+        state_location = open_client_state_location(config, run_dir)  # a bad URI fails here, before Ray
+        state_claim = claim_client_state_location(config, state_location, run_dir, resume)
+        if not on_ray:
+            check_gpu_available(config.resources)
+        elif starts_local_ray(address):
+            check_local_resources(config)
+        ray_startup_seconds = ensure_ray(address, config) if on_ray else 0.0
+        if state_location is not None and on_ray:
             require_shared_client_state(config, state_location)
-        except ConfigError:
-            _remove_created(created_dirs)  # the reachability marker's directories
-            raise
-
-    group, first_worker_bundle = placement if placement is not None else reserve_resources(config)
+        group, first_worker_bundle = placement if placement is not None else reserve_resources(config) if on_ray else (None, 0)
+    except BaseException:
+        if created:
+            _remove_created(created_dirs)
+        raise
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / SAVED_CONFIG_FILE)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
-    callbacks = (default_callbacks(config, progress) if callbacks is None else callbacks) + list(extra_callbacks)
+    callbacks = (default_callbacks(config, progress, on_ray) if callbacks is None else callbacks) + list(extra_callbacks)
     if storage_sync is not None:
         callbacks.append(storage_sync)
+    actor: Any = None  # the server actor (Ray backend)
     workers: list[Any] = []
     first_round_seconds: float | None = None
     try:
-        server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
-        server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
-        runtime_env = ship_user_modules(config)  # user code named by the config; the server's replacement workers inherit it
-        if runtime_env is not None:
-            server_options["runtime_env"] = runtime_env
-        data_ref = ray.put(data) if warm is None else warm.data_ref  # the only copy: the server and every worker read it
-        if warm is not None and warm.server is not None:
-            run.server = warm.server
-            ray.get(run.server.reset.remote(config.to_dict(), [data_ref], str(run_dir.resolve())))
+        if state_claim is not None:
+            state_claim.record()
+        if on_ray:
+            actor, workers = start_server(config, data, str(run_dir.resolve()), group, first_worker_bundle, warm)
+            run.server = RemoteServer(actor)
         else:
-            # The workers boot (import torch, take their copy of the data) while the server does.
-            workers = [
-                start_worker(config, i, data_ref, str(run_dir.resolve()), group, first_worker_bundle, runtime_env)
-                for i in range(config.resources.num_workers)
-            ]
-            run.server = ray.remote(Server).options(**server_options).remote(
-                config.to_dict(), [data_ref], str(run_dir.resolve()), group, first_worker_bundle, workers
-            )
-        if warm is not None:
-            warm.server = run.server
+            local_dir = str(run_dir.resolve())
+            run.server = RoundEngine(config, data, local_dir, LocalPool(config, data, local_dir))
         if checkpoint is not None:
-            ray.get(run.server.load_checkpoint_state.remote(checkpoint))
+            run.server.load_checkpoint_state(checkpoint)
             logger.info("resuming %s from round %d", run_dir, start_round)
         for callback in callbacks:
             callback.on_run_start(run)
         for round in range(start_round + 1, config.train.rounds + 1):
-            result = ray.get(run.server.run_round.remote(round))
+            result = run.server.run_round(round)
             if first_round_seconds is None:
                 first_round_seconds = time.perf_counter() - started
             check_round(config, result["round"])
             run.history.append(result["round"])
-            for callback in callbacks:
-                callback.on_round_end(run, result["round"], result["clients"])
+            for callback in callbacks:  # each gets its own copies: one that edits them changes no record
+                callback.on_round_end(run, dict(result["round"]), [dict(client) for client in result["clients"]])
         for callback in callbacks:
             callback.on_run_end(run)
     except KeyboardInterrupt:
@@ -361,17 +412,46 @@ def run_experiment(
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
     finally:
-        if warm is None:
-            _release(run.server, workers, group if placement is None else None)
+        if on_ray and warm is None:
+            _release(actor, workers, group if placement is None else None)
         # else the warm pool's server and workers outlive the run (fedray.tune.pool releases them)
         if created and not run.history and not list_checkpoints(run_dir):
+            if state_claim is not None:
+                state_claim.release()
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
-    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds, first_round_seconds)
+    summary = summarize(run, time.perf_counter() - started, ray_startup_seconds, first_round_seconds, "ray" if on_ray else "local")
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:
         storage_sync.sync(run_dir)
     return summary
+
+
+def start_server(
+    config: RunConfig,
+    data: FederatedDataset,
+    run_dir: str,
+    group: PlacementGroup,
+    first_worker_bundle: int,
+    warm: WarmServer | None,
+) -> tuple[Any, list[Any]]:
+    """The server actor of a run on Ray and the worker actors started for it (none when ``warm``
+    has a server, which is reset for this run instead and keeps its workers)."""
+    data_ref = ray.put(data) if warm is None else warm.data_ref  # the only copy: the server and every worker read it
+    if warm is not None and warm.server is not None:
+        ray.get(warm.server.reset.remote(config.to_dict(), [data_ref], run_dir))
+        return warm.server, []
+    server_options: dict[str, Any] = {"num_cpus": config.resources.server_cpus, "max_concurrency": 1}
+    server_options["scheduling_strategy"] = server_scheduling(group, first_worker_bundle)
+    runtime_env = ship_user_modules(config)  # user code named by the config; the server's replacement workers inherit it
+    if runtime_env is not None:
+        server_options["runtime_env"] = runtime_env
+    # The workers boot (import torch, take their copy of the data) while the server does.
+    workers = [start_worker(config, i, data_ref, run_dir, group, first_worker_bundle, runtime_env) for i in range(config.resources.num_workers)]
+    actor = ray.remote(Server).options(**server_options).remote(config.to_dict(), [data_ref], run_dir, group, first_worker_bundle, workers)
+    if warm is not None:
+        warm.server = actor
+    return actor, workers
 
 
 def check_round(config: RunConfig, row: dict[str, Any]) -> None:
@@ -423,7 +503,7 @@ def _release(server: Any, workers: list[Any], group: PlacementGroup | None) -> N
         remove_placement_group(group)
 
 
-def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first_round_seconds: float | None) -> RunSummary:
+def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first_round_seconds: float | None, backend: str) -> RunSummary:
     evaluated = [row for row in run.history if row.get("test_accuracy") is not None]
     best = max(evaluated, key=lambda row: row["test_accuracy"], default=None)
     final = run.history[-1] if run.history else {}
@@ -437,15 +517,26 @@ def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first
         ray_startup_seconds=ray_startup_seconds,
         first_round_seconds=first_round_seconds,
         final_metrics=final,
+        backend=backend,
     )
 
 
 def resume_experiment(run_dir: str | Path, **kwargs: Any) -> RunSummary:
-    """Continue the run in ``run_dir`` from its latest checkpoint (from round 1 if it has none)."""
+    """Continue the run in ``run_dir`` from its latest checkpoint (from round 1 if it has none).
+
+    Its ``config.yaml`` may differ from the checkpoint's config only in keys that extend the run or
+    change how it is run or logged; other changes are refused and the allowed ones recorded in
+    ``resumes.json`` (:mod:`fedray.runtime.resume`)."""
     run_dir = Path(run_dir)
     config = load_config(saved_config_path(run_dir))
     if list_checkpoints(run_dir) and (run_dir / SUMMARY_FILE).is_file():
         done = json.loads((run_dir / SUMMARY_FILE).read_text())
         if done.get("rounds") == config.train.rounds:
             raise ConfigError(f"{run_dir} already finished all {config.train.rounds} rounds")
+    checkpoint = load_latest_checkpoint(run_dir)
+    if checkpoint is not None and "config" in checkpoint:
+        changes = config_changes(checkpoint["config"], with_absolute_state_dir(config).to_dict())
+        check_resumable(changes, run_dir, int(checkpoint["round"]))
+        if changes:
+            kwargs["extra_callbacks"] = [*kwargs.get("extra_callbacks", ()), ResumeRecord(changes)]
     return run_experiment(config, run_dir=run_dir, resume=True, **kwargs)

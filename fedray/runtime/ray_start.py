@@ -56,12 +56,25 @@ def starts_local_ray(address: str | None) -> bool:
     return not (address or os.environ.get("RAY_ADDRESS") or ray.is_initialized() or _background is not None)
 
 
-def check_local_resources(config: RunConfig) -> None:
-    """For a run that will start its own local Ray: refuse GPU workers on a machine without a GPU
-    (Ray would wait for a GPU that never comes) and CPU reservations far beyond the machine's cores
-    (Ray would create that many logical CPUs and as many worker processes); warn when the workers
-    oversubscribe the cores."""
-    resources = config.resources
+def uses_ray(resources: ResourcesConfig, address: str | None) -> bool:
+    """Whether a run's workers are Ray actors (``resources.backend``): ``auto`` means Ray unless the
+    run has one worker and no Ray address (``--address`` or ``$RAY_ADDRESS``), where the local pool
+    gives the same results without Ray's start-up (benchmarks/w1_overhead.py). An explicit ``local``
+    with an address is refused: the run would silently ignore the cluster."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if resources.backend == "local" and address:
+        raise ConfigError(
+            f"invalid config:\n  resources.backend: local runs without Ray, but a Ray address is given ({address}); "
+            "set resources.backend=ray (or auto) to use that cluster, or drop the address"
+        )
+    if resources.backend == "auto":
+        return bool(address) or resources.num_workers > 1
+    return resources.backend == "ray"
+
+
+def check_gpu_available(resources: ResourcesConfig) -> None:
+    """Refuse GPU workers on a machine without a GPU (a local Ray would wait for a GPU that never
+    comes; a local pool would train on the CPU while the config says GPU)."""
     if resources.gpus_per_worker > 0:
         import torch
 
@@ -70,6 +83,15 @@ def check_local_resources(config: RunConfig) -> None:
                 f"invalid config:\n  resources.gpus_per_worker: {resources.gpus_per_worker} but this machine has no "
                 "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
             )
+
+
+def check_local_resources(config: RunConfig) -> None:
+    """For a run that will start its own local Ray: refuse GPU workers on a machine without a GPU
+    (:func:`check_gpu_available`) and CPU reservations far beyond the machine's cores (Ray would
+    create that many logical CPUs and as many worker processes); warn when the workers oversubscribe
+    the cores."""
+    resources = config.resources
+    check_gpu_available(resources)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     needed = resources.reserved_cpus
     if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
@@ -196,12 +218,12 @@ _owner: BackgroundStart | None = None  # the start whose thread owns the running
 
 
 def start_local_ray_in_background(config: RunConfig, address: str | None) -> None:
-    """Begin a new local Ray for ``config`` in the background if the run will start one (no
-    ``address``, no ``$RAY_ADDRESS``, no Ray already up). Its checks run first, so a bad address or
+    """Begin a new local Ray for ``config`` in the background if the run will start one (it runs on
+    Ray, :func:`uses_ray`, and there is no ``address``, no ``$RAY_ADDRESS``, no Ray already up). Its checks run first, so a bad address or
     an impossible reservation fails before anything starts; :func:`ensure_ray` joins the start."""
     global _background
     check_address(address)
-    if not starts_local_ray(address):
+    if not uses_ray(config.resources, address) or not starts_local_ray(address):
         return
     check_local_resources(config)
     _background = BackgroundStart(local_ray_options(config.resources))

@@ -29,8 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import secrets
+import socket
 from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +44,7 @@ import pyarrow.fs as pafs
 import torch
 
 from fedray.config.schema import OutputConfig
+from fedray.layout import RUN_ID_FILE
 from fedray.tracking.sync import is_uri
 
 NO_STATE = -1  # version of a client that has never stored state
@@ -75,6 +81,13 @@ def client_state_location(output: OutputConfig, run_dir: str | Path) -> str:
     if is_uri(output.dir):
         return join_location(output.dir, name, "client_state")
     return str(Path(run_dir).absolute() / "client_state")
+
+
+def location_outside_run_dir(output: OutputConfig) -> bool:
+    """Whether a run's client state lives outside its run directory (``output.client_state_dir``, or a
+    URI ``output.dir``), where another run of the same name may use the same location
+    (see :func:`claim_location`)."""
+    return output.client_state_dir is not None or is_uri(output.dir)
 
 
 def open_location(location: str) -> tuple[pafs.FileSystem, str]:
@@ -191,6 +204,90 @@ class ClientStateStore:
         with self.filesystem.open_output_stream(temporary) as stream:
             stream.write(data)
         self.filesystem.move(temporary, path)  # a rename: readers see the old file or the new one
+
+
+CLAIM_FILE = ".fedray-run.json"  # at a location outside the run directory: the run whose state it holds
+
+
+class LocationClaimed(ClientStateError):
+    """The client state location holds another run's state."""
+
+    fedray_exit_code = 2
+
+
+@dataclass
+class LocationClaim:
+    """A run's claim on a client state location outside its run directory (:func:`claim_location`).
+
+    Client state is kept per run name, so a second run of the same ``output.name`` in another
+    ``output.dir`` would share the location and delete the first run's state as it writes its own.
+    The location therefore names the run whose state it holds (``CLAIM_FILE``: run id, run directory,
+    host, time), and that run's directory records the same id (``RUN_ID_FILE``)."""
+
+    location: str
+    run_dir: Path
+    run_id: str
+    new: bool  # the claim is written by this run (else the location names it already: a resumed run)
+
+    def record(self) -> None:
+        """Write the run id into the run directory and a new claim at the location (before the first
+        round, so before any client state is written)."""
+        (self.run_dir / RUN_ID_FILE).write_text(self.run_id + "\n")
+        if self.new:
+            store = ClientStateStore(self.location)
+            claim = {
+                "run_id": self.run_id,
+                "run_dir": str(self.run_dir.absolute()),
+                "host": socket.gethostname(),
+                "claimed": datetime.now().isoformat(timespec="seconds"),
+            }
+            store.write_atomic(f"{store.root}/{CLAIM_FILE}", json.dumps(claim).encode())
+
+    def release(self) -> None:
+        """Remove the claim this run wrote: it stopped before its first round, and keeps nothing."""
+        if self.new:
+            store = ClientStateStore(self.location)
+            try:
+                store.filesystem.delete_file(f"{store.root}/{CLAIM_FILE}")
+            except FileNotFoundError:
+                pass
+
+
+def claim_location(location: str, run_dir: str | Path, resuming: bool) -> LocationClaim:
+    """The run's claim on the client state ``location`` (outside its run directory), to
+    :meth:`~LocationClaim.record` once the run directory exists. Raises :class:`LocationClaimed`
+    (before anything is written) when the location holds another run's state: its claim names
+    another run, or, for a new run, it holds client state without a claim (a run from before
+    claims). A resumed run from before claims (no run id in its directory) adopts its location."""
+    run_dir = Path(run_dir)
+    id_file = run_dir / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
+    store = ClientStateStore(location)
+    remedy = (
+        "a second run there would delete it as it writes its own; choose another output.name or "
+        f"output.client_state_dir, or delete {store.display_root} if that state is no longer needed"
+    )
+    try:
+        with store.filesystem.open_input_stream(f"{store.root}/{CLAIM_FILE}") as stream:
+            claim = json.loads(stream.readall())
+    except FileNotFoundError:
+        claim = None
+    except ValueError:  # not JSON: claimed all the same
+        claim = {}
+    if claim is not None:
+        if run_id is not None and claim.get("run_id") == run_id:
+            return LocationClaim(location, run_dir, run_id, new=False)
+        owner = f"{claim.get('run_dir', '?')} on {claim.get('host', '?')}, since {claim.get('claimed', '?')}"
+        raise LocationClaimed(f"{store.display_root} holds the client state of another run ({owner}); {remedy}")
+    if not resuming and _holds_client_state(store):
+        raise LocationClaimed(f"{store.display_root} holds the client state of an earlier run; {remedy}")
+    return LocationClaim(location, run_dir, run_id or secrets.token_hex(8), new=True)
+
+
+def _holds_client_state(store: ClientStateStore) -> bool:
+    """Whether the store's location has a client's directory."""
+    entries = store.filesystem.get_file_info(pafs.FileSelector(store.root, allow_not_found=True))
+    return any(entry.base_name.isdigit() for entry in entries)
 
 
 def _read_marker(location: str, name: str) -> bytes | None:

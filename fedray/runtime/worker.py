@@ -107,7 +107,9 @@ class ClientWorker:
             self.models[key] = self.algorithm.build_model(key).to(self.device)
         return self.models[key]
 
-    def _context(self, round: int, client_id: int, state_version: int) -> ClientContext:
+    def client_context(self, round: int, client_id: int, state_version: int) -> ClientContext:
+        """What ``Algorithm.client_update`` gets for ``client_id`` in ``round``: its data on this
+        worker's device, its seeded generator and its state as stored in ``state_version``."""
         cfg = self.config
         train_index = torch.as_tensor(self.data.clients.client(client_id), device=self.device)
         x_test = y_test = None
@@ -139,7 +141,7 @@ class ClientWorker:
         broadcast = tensors_to(broadcast, self.device)  # one host-to-device copy a round, not one a client
         partial = PartialResult()
         for client_id, state_version, checkpoint_versions in tasks:
-            ctx = self._context(round, client_id, state_version)
+            ctx = self.client_context(round, client_id, state_version)
             update = self.algorithm.client_update(ctx, broadcast)
             if update.state is not None and not self.algorithm.keeps_client_state:
                 raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
@@ -162,7 +164,7 @@ class ClientWorker:
         broadcast = tensors_to(broadcast, self.device)
         results = {}
         for client_id, state_version, _ in tasks:
-            ctx = self._context(round, client_id, state_version)
+            ctx = self.client_context(round, client_id, state_version)
             results[client_id] = self.algorithm.evaluate_client(ctx, broadcast)
         return results
 
@@ -175,7 +177,7 @@ class ClientWorker:
         broadcast = tensors_to(broadcast, self.device)
         results = {}
         for client_id, state_version, _ in tasks:
-            ctx = self._context(round, client_id, state_version)
+            ctx = self.client_context(round, client_id, state_version)
             results[client_id] = self.algorithm.evaluate_on_test_set(ctx, broadcast, train, test)
         return results
 

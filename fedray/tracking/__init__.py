@@ -23,6 +23,7 @@ _API = {
     "Plots": "fedray.tracking.plots",
     "plot_learning_curve": "fedray.tracking.plots",
     "plot_partition": "fedray.tracking.plots",
+    "HealthMonitor": "fedray.tracking.health",
     "ProgressBar": "fedray.tracking.progress",
     "TensorBoardLogger": "fedray.tracking.tensorboard",
 }

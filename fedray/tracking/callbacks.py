@@ -28,7 +28,7 @@ class RunContext:
     config: RunConfig
     run_dir: Path
     data: FederatedDataset
-    server: Any  # the server actor handle
+    server: Any  # the run's RoundEngine, or the RemoteServer in front of the Ray server actor (same methods)
     start_round: int  # rounds already done (0, or the checkpoint's round when resuming)
     history: list[dict[str, Any]] = field(default_factory=list)  # round rows of this run so far
 

@@ -234,13 +234,38 @@ class MetricsParquet(Callback):
                 self.unmerged = 0
 
     def on_run_end(self, run: RunContext) -> None:
-        """Compact every part into ``metrics.parquet`` and remove the parts."""
+        """Compact every part into ``metrics.parquet`` and remove the parts. Round rows whose part has
+        gone (deleted during the run) are written again from ``run.history``, with a warning: their
+        client rows are lost."""
         if self.unwritten or self.segment_parts:
             self._close_segment(run)
+        self._restore_missing_rounds(run)
         parts = [path for _, _, path in _current_parts(run.run_dir)]
         if parts:
             concatenate_atomically(parts, run.run_dir / METRICS_FILE)
         shutil.rmtree(run.run_dir / PARTS_DIR, ignore_errors=True)
+
+    def _restore_missing_rounds(self, run: RunContext) -> None:
+        """Write a part of the round rows of each stretch of rounds in ``run.history`` that no part
+        covers (the driver holds every round row, but only the client rows not yet written)."""
+        covered = {r for first, last, _ in _current_parts(run.run_dir) for r in range(first, last + 1)}
+        missing = [row for row in run.history if row["round"] not in covered]
+        if not missing:
+            return
+        stretches: list[list[dict[str, Any]]] = []
+        for row in missing:
+            if stretches and row["round"] == stretches[-1][-1]["round"] + 1:
+                stretches[-1].append(row)
+            else:
+                stretches.append([row])
+        for stretch in stretches:
+            self._write_part(run, [], rows_table([{"scope": "round", "client_id": None, **row} for row in stretch]))
+        shown = ", ".join(f"{s[0]['round']}-{s[-1]['round']}" if len(s) > 1 else str(s[0]["round"]) for s in stretches)
+        logger.warning(
+            "the metrics of round(s) %s were removed from %s during the run: their round rows are written again "
+            "from memory into %s, their client rows are lost",
+            shown, run.run_dir / PARTS_DIR, METRICS_FILE,
+        )
 
     def _close_segment(self, run: RunContext) -> None:
         """One part for the rows since the last checkpoint round, replacing the parts written since."""

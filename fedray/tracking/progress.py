@@ -1,66 +1,26 @@
-"""A progress bar over rounds (round, accuracy, loss, seconds) and warnings the user must see."""
+"""A progress bar over rounds (round, accuracy, loss, seconds), with the run's health warnings
+(:mod:`fedray.tracking.health`) written above it."""
 
 from __future__ import annotations
 
-import math
-import statistics
-from typing import Any, Iterable
+import logging
+from contextlib import ExitStack
+from typing import Any
 
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fedray.tracking.callbacks import Callback, RunContext
-
-#: The evaluated metrics whose collapse the progress bar warns about.
-ACCURACY_METRICS = ("test_accuracy", "personal_accuracy")
-
-
-def collapsed(value: float, best: float) -> bool:
-    """Whether an evaluation of ``value`` after a best of ``best`` is a collapse: half the best or
-    below. A client update that blows up but stays finite gets past the non-finite guard and is
-    aggregated; the next evaluation then shows it."""
-    return value <= best / 2
-
-
-#: A client's training loss this many times the cohort's median, and above
-#: ``OUTLIER_GUESS_MULTIPLE`` × the loss of a uniform guess (ln C), is a blow-up the user must hear of.
-OUTLIER_MEDIAN_RATIO = 10.0
-OUTLIER_GUESS_MULTIPLE = 3.0
-
-
-def client_loss_key(metric_names: Iterable[str]) -> str:
-    """The client metric that is its training loss: ``ce`` where the algorithm reports it (its
-    ``train_loss`` may hold terms that are no loss, such as FedDyn's proximal term), else ``train_loss``."""
-    return "ce" if "ce" in set(metric_names) else "train_loss"
-
-
-def loss_outliers(client_rows: list[dict[str, Any]], num_classes: int) -> tuple[str, float, list[tuple[int, float]]]:
-    """The clients of one round whose local training loss is far above the rest: above
-    ``OUTLIER_MEDIAN_RATIO`` × the median client's and above ``OUTLIER_GUESS_MULTIPLE`` · ln C (an
-    average probability under 1/C³ on the true class), in the metric :func:`client_loss_key` names.
-    Returns (that key, the median, [(client id, loss)], largest first).
-
-    A client update that blows up but stays finite passes the non-finite guard and is aggregated;
-    its client's loss shows it first. Chosen on 2,341 rounds of Fashion-MNIST runs: it fired only in
-    the 6 runs that later collapsed or diverged, 2 to 20 rounds before (docs/results_fmnist.md,
-    "Warnings for finite blow-ups")."""
-    key = client_loss_key(name for row in client_rows for name in row)
-    losses = [(int(row["client_id"]), float(row[key])) for row in client_rows
-              if row.get(key) is not None and math.isfinite(row[key])]
-    if len(losses) < 3:
-        return key, math.nan, []
-    median = statistics.median(loss for _, loss in losses)
-    floor = max(OUTLIER_MEDIAN_RATIO * median, OUTLIER_GUESS_MULTIPLE * math.log(num_classes))
-    return key, median, sorted(((client, loss) for client, loss in losses if loss > floor), key=lambda item: -item[1])
 
 
 class ProgressBar(Callback):
     def __init__(self) -> None:
         self.bar: tqdm | None = None
-        self.best: dict[str, tuple[float, int]] = {}  # metric -> (best value, its round) in this process
-        self.collapsed: set[str] = set()  # metrics whose last evaluation was a collapse (warned once)
+        self.redirect = ExitStack()
 
     def on_run_start(self, run: RunContext) -> None:
         self.bar = tqdm(total=run.config.train.rounds, initial=run.start_round, desc="rounds", unit="round", dynamic_ncols=True)
+        self.redirect.enter_context(logging_redirect_tqdm([logging.getLogger("fedray.health")]))
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         postfix = {"loss": f"{row['train_loss']:.3f}", "s/round": f"{row['seconds']:.2f}"}
@@ -70,33 +30,7 @@ class ProgressBar(Callback):
             postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
-        if row["excluded_updates"]:
-            self.bar.write(f"warning: round {row['round']}: {row['excluded_updates']} non-finite client update(s) excluded from aggregation")
-        key, median, outliers = loss_outliers(client_rows, run.data.info.num_classes)
-        if outliers:
-            named = ", ".join(f"client {client} ({loss:.3g})" for client, loss in outliers[:3])
-            self.bar.write(
-                f"warning: round {row['round']}: training {key} far above the median client's {median:.3g}: {named}"
-                f"{' and more' if len(outliers) > 3 else ''}. A client update that blows up but stays finite is "
-                f"aggregated and can derail the model; a lower train.lr (now {run.config.train.lr:g}) or a "
-                f"train.grad_clip may keep it stable"
-            )
-        for metric in ACCURACY_METRICS:
-            if row.get(metric) is not None:
-                self._check_collapse(run, row["round"], metric, row[metric])
-
-    def _check_collapse(self, run: RunContext, round: int, metric: str, value: float) -> None:
-        best, best_round = self.best.get(metric, (value, round))
-        if not collapsed(value, best):
-            self.collapsed.discard(metric)
-        elif metric not in self.collapsed:
-            self.collapsed.add(metric)
-            self.bar.write(
-                f"warning: round {round}: {metric} fell to {value:.4f} from {best:.4f} (round {best_round}): training "
-                f"collapsed; a lower train.lr (now {run.config.train.lr:g}) or a train.grad_clip may keep it stable"
-            )
-        if value >= best:
-            self.best[metric] = (value, round)
 
     def on_run_end(self, run: RunContext) -> None:
+        self.redirect.close()
         self.bar.close()

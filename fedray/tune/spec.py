@@ -332,10 +332,13 @@ def shadowed_overrides(spec: SweepSpec, overrides: list[str]) -> list[str]:
 
 def _resolve_paths(spec: SweepSpec) -> None:
     """Trials run in Ray workers whose working directory is not the caller's: pin the relative paths
-    a trial reads (``data.root``) and the sweep's output directory to the caller's directory."""
+    a trial reads (``data.root``, ``model.init``) and the sweep's output directory to the caller's directory."""
     data = spec.base.setdefault("data", {})
     if isinstance(data, dict) and not Path(str(data.get("root", "data"))).is_absolute():
         data["root"] = str(Path(str(data.get("root", "data"))).resolve())
+    model = spec.base.get("model")
+    if isinstance(model, dict) and isinstance(model.get("init"), str):
+        model["init"] = str(Path(model["init"]).expanduser().resolve())
     spec.output.dir = str(Path(spec.output.dir).resolve())
 
 

@@ -1,7 +1,8 @@
 """What ``fedray tune`` prints when a sweep ends, read from the sweep directory's files (no Ray):
 the best trial, the top trials, the errored trials with their errors, and — when the sweep's space
 includes ``algorithm.name`` — the algorithm comparison table (also written as ``comparison.md``), in
-which errored trials are counted and listed, never dropped."""
+which errored trials are counted and listed, never dropped, and personalised algorithms' rows are
+marked (their ``test_accuracy`` is not a global model's)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedray.config import ConfigError
 from fedray.layout import ERROR, ROUNDS_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE
 from fedray.tune.results import read_meta, read_table
 
 COMPARISON_FILE = "comparison.md"
+PERSONALISED_NOTE = (
+    "Rows marked (personalised) are evaluated by each client's own model on its held-out split: compare their "
+    "personal_accuracy. Their test_accuracy is a global model with an untrained personal part, not comparable "
+    "to the other rows'."
+)
 ALGORITHM_KEY = "algorithm.name"
 SEED_KEY = "seed"
 
@@ -93,6 +100,7 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
     )
     metrics = [meta["metric"]] + [m for m in ("personal_accuracy",) if m in final.columns and m != meta["metric"]]
     columns = [key for key in meta["swept_keys"] if key not in (ALGORITHM_KEY, SEED_KEY)]
+    evaluation_marks = {name: evaluation_mark(name) for name in shown[ALGORITHM_KEY].unique()}
     sections = []
     for metric in metrics:
         table = shown[[ALGORITHM_KEY, *columns]].copy()
@@ -109,8 +117,10 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
             "| algorithm | " + " | ".join(str(c) for c in pivot.columns) + " |",
             "|---|" + "---|" * len(pivot.columns),
         ]
-        lines += [f"| {name} | " + " | ".join(row) + " |" for name, row in pivot.iterrows()]
+        lines += [f"| {name}{evaluation_marks.get(name, '')} | " + " | ".join(row) + " |" for name, row in pivot.iterrows()]
         sections.append("\n".join(lines))
+    if any(evaluation_marks.values()):
+        sections.append(PERSONALISED_NOTE)
     errored = errored_trials(sweep_dir)
     if not errored.empty:
         keys = list(meta["swept_keys"])
@@ -121,6 +131,19 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
         ]
         sections.append("\n".join(lines))
     return f"# {meta['sweep_id']}\n\n" + "\n\n".join(sections) + "\n"
+
+
+def evaluation_mark(algorithm_name: str) -> str:
+    """What a comparison row's name is followed by: ``" (personalised)"`` for an algorithm evaluated by
+    each client's own model (it requires per-client test splits), ``""`` for one with a global model,
+    ``" (evaluation unknown)"`` when its code cannot be imported here."""
+    from fedray.algorithms import get_algorithm_class  # torch: only for a sweep over algorithms
+    from fedray.algorithms.requirements import is_personalised
+
+    try:
+        return " (personalised)" if is_personalised(get_algorithm_class(algorithm_name)) else ""
+    except ConfigError:
+        return " (evaluation unknown)"
 
 
 def _cell(metric: str, group: pd.DataFrame) -> str:

@@ -141,7 +141,7 @@ class PlacementRecord(Callback):
 
     def on_run_start(self, run: RunContext) -> None:
         group = get_current_placement_group()
-        workers = ray.get(run.server.worker_handles.remote())
+        workers = run.server.worker_handles()
         worker_groups = ray.get([worker.placement_group_id.remote() for worker in workers])
         worker_pids = ray.get([worker.pid.remote() for worker in workers])
         record = {

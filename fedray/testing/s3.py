@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from fedray.cluster.local import free_port
+from fedray.testing.cluster import free_port
 
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "fedray-local",

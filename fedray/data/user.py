@@ -1,0 +1,219 @@
+"""Your own data as arrays: :class:`UserData`, its checks, and ``data.name: package.module:Name``.
+
+Every loader of data that fedray did not curate (an image folder, a Parquet/CSV table, the function a
+config names, the built-in text and tabular benchmarks) produces a :class:`UserData`, and
+:func:`checked_user_data` checks it once: equal lengths, integer labels in range, finite features,
+token ids in the vocabulary. A failure is a :class:`~fedray.config.ConfigError` of one line that
+names where the data came from (``source``: the config key and file), so it stops ``fedray run``
+before Ray starts.
+
+``data.name: package.module:Name`` names a function or class that is called without arguments and
+returns a :class:`UserData`, or a pair ``(train, test)`` of torch ``Dataset`` objects (``test`` may be
+``None``) whose items are ``(x, label)``; fedray then reads every item once
+(:func:`materialize_torch_datasets`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from fedray.config import ConfigError, import_reference
+from fedray.data.base import MODALITIES
+
+
+@dataclass(frozen=True)
+class UserData:
+    """Train (and optionally test) arrays of one modality, as a ``data.name: package.module:Name``
+    function returns them.
+
+    - ``x_train``/``x_test``: images uint8 ``[N, C, H, W]``, token ids (integers) ``[N, T]`` or
+      features (floats) ``[N, D]``;
+    - ``y_train``/``y_test``: integer labels ``[N]`` in ``0..num_classes-1``;
+    - ``client_ids_train``: each training sample's client (ints or strings), for
+      ``data.partition: natural``;
+    - ``modality``: ``"image"``, ``"tokens"`` or ``"features"`` (None: uint8 4-d arrays are images,
+      integer 2-d arrays tokens, float 2-d arrays features);
+    - ``num_classes`` (None: the largest label + 1) and, for tokens, ``vocab_size`` (None: the
+      largest id + 1).
+
+    Without ``x_test`` the test set is a seeded ``data.test_fraction`` share of the training set
+    (with a natural partition: of every client's samples).
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    client_ids_train: np.ndarray | None = None
+    modality: str | None = None
+    num_classes: int | None = None
+    vocab_size: int | None = None
+
+
+def load_user_reference(reference: str) -> UserData:
+    """Call the function or class ``data.name`` names and check what it returns."""
+    source = f"data.name={reference}"
+    factory = import_reference(reference, "data.name")
+    if not callable(factory):
+        raise ConfigError(f"{source}: {type(factory).__name__} is not callable; name a function or class returning fedray.data.UserData")
+    try:
+        returned = factory()
+    except ConfigError:
+        raise
+    except Exception as error:  # the user's code failing is a bad input, not a fedray crash
+        raise ConfigError(f"{source}: raised {type(error).__name__}: {_first_line(error)}") from None
+    if isinstance(returned, tuple) and len(returned) == 2 and not isinstance(returned[0], np.ndarray):
+        returned = materialize_torch_datasets(returned[0], returned[1], source)
+    if not isinstance(returned, UserData):
+        raise ConfigError(
+            f"{source}: returned {type(returned).__name__}; expected fedray.data.UserData or a "
+            f"(train, test) pair of torch datasets"
+        )
+    return checked_user_data(returned, source)
+
+
+def materialize_torch_datasets(train: Any, test: Any, source: str) -> UserData:
+    """Read every ``(x, label)`` item of two torch datasets (``test`` may be None) once into arrays.
+
+    ``x`` may be a tensor, a numpy array or a PIL image: a PIL image or a 3-d uint8 ``[H, W, C]``
+    array is an image (made ``[C, H, W]``); a 3-d float tensor is an image on the 0..1 scale (as
+    torchvision's ``ToTensor`` makes it) and is quantised to uint8; a 1-d array is token ids
+    (integers) or features (floats).
+    """
+
+    def read(dataset: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            items = [dataset[i] for i in range(len(dataset))]
+        except Exception as error:
+            raise ConfigError(f"{source}: reading the {split} dataset raised {type(error).__name__}: {_first_line(error)}") from None
+        if not items:
+            raise ConfigError(f"{source}: the {split} dataset is empty")
+        inputs = np.stack([_sample_array(x) for x, _ in items])
+        labels = np.asarray([int(y) for _, y in items])
+        return inputs, labels
+
+    x_train, y_train = read(train, "train")
+    x_test, y_test = read(test, "test") if test is not None else (None, None)
+    return UserData(x_train, y_train, x_test, y_test)
+
+
+def _sample_array(x: Any) -> np.ndarray:
+    """One dataset item's input as the array form of its modality (see materialize_torch_datasets)."""
+    if hasattr(x, "getbands"):  # a PIL image
+        array = np.asarray(x)
+        return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    array = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+    if array.ndim == 3 and np.issubdtype(array.dtype, np.floating):
+        return np.rint(np.clip(array, 0, 1) * 255).astype(np.uint8)
+    if array.ndim == 3 and array.dtype == np.uint8 and array.shape[-1] in (1, 3) and array.shape[0] not in (1, 3):
+        return array.transpose(2, 0, 1)
+    return array
+
+
+def checked_user_data(data: UserData, source: str) -> UserData:
+    """``data`` with its arrays in their modality's form (uint8 images, int64 tokens, float32
+    features, int64 labels) and ``modality``, ``num_classes`` and ``vocab_size`` filled in; raises a
+    one-line :class:`ConfigError` starting with ``source`` for any bad input."""
+    modality = data.modality or _infer_modality(data.x_train, source)
+    if modality not in MODALITIES:
+        raise ConfigError(f"{source}: modality {modality!r} is not one of {', '.join(MODALITIES)}")
+    if (data.x_test is None) != (data.y_test is None):
+        raise ConfigError(f"{source}: give both x_test and y_test, or neither")
+    splits = {"train": (data.x_train, data.y_train)}
+    if data.x_test is not None:
+        splits["test"] = (data.x_test, data.y_test)
+    converted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for split, (x, y) in splits.items():
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape[:1] != y.shape or y.ndim != 1:
+            raise ConfigError(f"{source}: x_{split} has {len(x)} rows but y_{split} has shape {y.shape}; they must have the same length")
+        if len(y) == 0:
+            raise ConfigError(f"{source}: the {split} split is empty")
+        converted[split] = (_inputs_of(x, modality, f"{source}: x_{split}"), _labels_of(y, f"{source}: y_{split}"))
+    x_train = converted["train"][0]
+    for split, (x, _) in converted.items():
+        if x.shape[1:] != x_train.shape[1:]:
+            raise ConfigError(f"{source}: x_{split} samples have shape {x.shape[1:]}, x_train samples {x_train.shape[1:]}")
+    client_ids = data.client_ids_train
+    if client_ids is not None:
+        client_ids = np.asarray(client_ids)
+        if client_ids.shape != converted["train"][1].shape:
+            raise ConfigError(f"{source}: client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length")
+        if client_ids.dtype == object and any(value is None for value in client_ids):
+            raise ConfigError(f"{source}: client_ids_train has missing values")
+    largest_label = max(int(y.max()) for _, y in converted.values())
+    num_classes = data.num_classes if data.num_classes is not None else int(converted["train"][1].max()) + 1
+    if largest_label >= num_classes:
+        raise ConfigError(f"{source}: label {largest_label} is out of range for {num_classes} classes (labels must be 0..{num_classes - 1})")
+    vocab_size = None
+    if modality == "tokens":
+        largest_id = max(int(x.max()) for x, _ in converted.values())
+        vocab_size = data.vocab_size if data.vocab_size is not None else largest_id + 1
+        if largest_id >= vocab_size:
+            raise ConfigError(f"{source}: token id {largest_id} is out of range for a vocabulary of {vocab_size}")
+    test = converted.get("test", (None, None))
+    return replace(
+        data,
+        x_train=x_train,
+        y_train=converted["train"][1],
+        x_test=test[0],
+        y_test=test[1],
+        client_ids_train=client_ids,
+        modality=modality,
+        num_classes=num_classes,
+        vocab_size=vocab_size,
+    )
+
+
+def _infer_modality(x: Any, source: str) -> str:
+    x = np.asarray(x)
+    if x.ndim == 4 and x.dtype == np.uint8:
+        return "image"
+    if x.ndim == 2 and np.issubdtype(x.dtype, np.integer):
+        return "tokens"
+    if x.ndim == 2 and np.issubdtype(x.dtype, np.floating):
+        return "features"
+    raise ConfigError(
+        f"{source}: x_train is {x.dtype} {x.shape}; expected uint8 [N, C, H, W] images, integer [N, T] "
+        f"tokens or float [N, D] features (or set modality)"
+    )
+
+
+def _inputs_of(x: np.ndarray, modality: str, what: str) -> np.ndarray:
+    """``x`` in ``modality``'s array form, checked."""
+    if modality == "image":
+        if x.dtype != np.uint8 or x.ndim != 4:
+            raise ConfigError(f"{what}: images must be uint8 [N, C, H, W], got {x.dtype} {x.shape}")
+        return np.ascontiguousarray(x)
+    if x.ndim != 2:
+        raise ConfigError(f"{what}: {modality} must be a 2-d array [N, {'T' if modality == 'tokens' else 'D'}], got shape {x.shape}")
+    if modality == "tokens":
+        if not np.issubdtype(x.dtype, np.integer):
+            raise ConfigError(f"{what}: token ids must be integers, got {x.dtype}")
+        if x.size and int(x.min()) < 0:
+            raise ConfigError(f"{what}: token ids must be >= 0, got {int(x.min())}")
+        return np.ascontiguousarray(x, dtype=np.int64)
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ConfigError(f"{what}: features must be numbers, got {x.dtype}")
+    features = np.ascontiguousarray(x, dtype=np.float32)
+    bad = ~np.isfinite(features)
+    if bad.any():
+        row, column = (int(i) for i in np.argwhere(bad)[0])
+        raise ConfigError(f"{what}: {int(bad.sum())} NaN or infinite feature value(s), the first in row {row}, column {column}")
+    return features
+
+
+def _labels_of(y: np.ndarray, what: str) -> np.ndarray:
+    """Labels as int64, checked to be integers >= 0."""
+    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+        raise ConfigError(f"{what}: labels must be integers, got {y.dtype}")
+    if int(y.min()) < 0:
+        raise ConfigError(f"{what}: label {int(y.min())} is out of range (labels must be >= 0)")
+    return y.astype(np.int64)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]

@@ -1,0 +1,199 @@
+"""The round engine: owns the algorithm's server state and drives a worker pool, one round at a time.
+
+Per round (the principles are those of docs/architecture.md): draw the cohort from (seed, round);
+share the broadcast once (principle 2); split the cohort across workers by cost, sticky first
+(principles 5, 6); gather one reduced partial per worker (principle 3); aggregate; evaluate. Where the
+workers run is the pool's business (:mod:`fedray.runtime.pool`): in this process, or as Ray actors
+that the pool replaces when they die, re-running their clients, which gives the same partial because
+everything is seeded per client (principle 7).
+
+It is Ray-free: ``resources.backend: local`` runs it in the driver, and the Ray server actor
+(:class:`fedray.runtime.server.Server`) is a thin shell around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms import RoundResults
+from fedray.config import RunConfig
+from fedray.data import FederatedDataset
+from fedray.runtime.pool import WorkerPool
+from fedray.runtime.reduction import PartialResult, merge_partials
+from fedray.runtime.scheduler import assign_clients, client_forward_flops
+from fedray.runtime.state_store import NO_STATE
+from fedray.runtime.worker import ClientTask, build_algorithm
+from fedray.seeding import sample_cohort
+
+logger = logging.getLogger(__name__)
+
+
+class RoundEngine:
+    """The rounds of one run on ``pool``; ``data`` is the run's dataset (the one the workers hold)."""
+
+    def __init__(self, config: RunConfig, data: FederatedDataset, run_dir: str, pool: WorkerPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.num_clients = data.num_clients
+        self.client_test_sizes = None if data.client_test is None else data.client_test.sizes.astype(np.float64)
+        self.run_dir = run_dir
+        self.algorithm = build_algorithm(config, data)
+        self.client_flops = client_forward_flops(self.algorithm, data)
+        self.client_costs = data.clients.sizes * config.train.local_epochs * self.client_flops
+        torch.manual_seed(config.seed)
+        self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
+        # round in which each client last stored state; the same as of each kept checkpoint (oldest
+        # first, at most checkpoint.keep), whose client state the workers must not delete
+        self.state_versions = np.full(self.num_clients, NO_STATE, dtype=np.int64)
+        self.checkpoint_versions: list[np.ndarray] = []
+        self.shared_broadcast: Any = None
+        self.broadcast_round = 0
+
+    def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
+        return [
+            (cid, int(self.state_versions[cid]), tuple(sorted({int(kept[cid]) for kept in self.checkpoint_versions} - {NO_STATE})))
+            for cid in client_ids
+        ]
+
+    def broadcast(self, round: int) -> Any:
+        """The broadcast for ``round``, shared with the pool once."""
+        if self.shared_broadcast is None or self.broadcast_round != round:
+            self.shared_broadcast = self.pool.share(self.algorithm.broadcast(self.state, round))
+            self.broadcast_round = round
+        return self.shared_broadcast
+
+    def _on_clients(self, method: str, round: int, assignment: list[list[int]], broadcast: Any) -> list[Any]:
+        """``ClientWorker.<method>(round, tasks, broadcast)`` with each worker's clients of ``assignment``."""
+        return self.pool.call_each(method, [(round, self._tasks(ids), broadcast) if ids else None for ids in assignment])
+
+    # ------------------------------------------------------------------ rounds
+    def run_round(self, round: int, cohort: np.ndarray | None = None) -> dict[str, Any]:
+        """Train and aggregate one round; returns the round's metrics and per-client rows.
+        ``cohort``: the clients to train (default: the round's seeded draw)."""
+        started = time.perf_counter()
+        cfg = self.config
+        if cohort is None:
+            cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
+        results = self.train(round, np.asarray(cohort))
+        if results.num_clients > 0:
+            self.state, algorithm_metrics = self.algorithm.aggregate(self.state, round, results)
+        else:
+            algorithm_metrics = {}
+        row: dict[str, Any] = {
+            "round": round,
+            "clients": int(len(cohort)),
+            "excluded_updates": len(results.excluded_clients),
+            "worker_restarts": self.pool.restarts,  # cumulative
+            "train_loss": _mean([m.get("train_loss") for m in results.client_metrics.values()]),
+            "lr": cfg.train.lr * cfg.train.lr_decay ** (round - 1),
+            **algorithm_metrics,
+        }
+        if round % cfg.eval.every == 0 or round == cfg.train.rounds:
+            row.update(self.evaluate(round))
+        row["seconds"] = time.perf_counter() - started
+        client_rows = [{"client_id": cid, **metrics} for cid, metrics in results.client_metrics.items()]
+        return {"round": row, "clients": client_rows}
+
+    def train(self, round: int, cohort: np.ndarray) -> RoundResults:
+        """Run ``cohort``'s client updates on the pool and merge the workers' partials: what reaches
+        the algorithm's ``aggregate``."""
+        # which clients a worker sums changes only the float64 rounding of the sums, which has not
+        # reached a float32 result in any run measured (docs/performance.md); stickiness pays only
+        # where a worker caches client state
+        assignment = assign_clients(cohort, self.client_costs[cohort], self.pool.size, sticky=self.algorithm.keeps_client_state)
+        partials: list[PartialResult | None] = self._on_clients("run_clients", round, assignment, self.broadcast(round))
+        results = merge_partials([p for p in partials if p is not None])
+        for partial in partials:
+            if partial is not None:
+                self.state_versions[partial.stateful_clients] = round
+        if results.excluded_clients:
+            logger.warning("round %d: %d non-finite client update(s) excluded: %s", round, len(results.excluded_clients), results.excluded_clients)
+        return results
+
+    def evaluate(self, round: int) -> dict[str, float]:
+        """Global test metrics of the model after ``round`` (and personalised ones if configured)."""
+        broadcast = self.broadcast(round + 1)  # the next round's broadcast holds the new global model
+        clients = self.algorithm.evaluation_clients(self.num_clients)
+        if clients is not None:
+            return self._evaluate_clients_on_test_set(round, clients, broadcast)
+        num_workers = self.pool.size
+        shards = self.pool.call_each("evaluate_global", [(broadcast, i, num_workers) for i in range(num_workers)])
+        total = {key: sum(s[key] for s in shards) for key in ("correct", "loss_sum", "count")}
+        metrics = {"test_accuracy": total["correct"] / total["count"], "test_loss": total["loss_sum"] / total["count"]}
+        if self.config.eval.personalized:
+            metrics.update(self._evaluate_personalized(round, broadcast))
+        return metrics
+
+    def evaluate_each_client(self, worker_method: str, round: int, clients: np.ndarray, costs: np.ndarray, broadcast: Any) -> dict[int, dict[str, float]]:
+        """``ClientWorker.<worker_method>(round, tasks, broadcast)`` over ``clients``, split across the
+        workers by ``costs``; the metrics of each client, by ascending client id."""
+        parts = self._on_clients(worker_method, round, assign_clients(clients, costs, self.pool.size), broadcast)
+        return dict(sorted((cid, metrics) for part in parts if part for cid, metrics in part.items()))
+
+    def _evaluate_clients_on_test_set(self, round: int, clients: list[int], broadcast: Any) -> dict[str, float]:
+        """The mean of each metric over the named clients that report it (algorithms without a
+        global model evaluate every client's own model on the global test set)."""
+        by_client = self.evaluate_each_client(
+            "evaluate_clients_on_test_set", round, np.asarray(clients), self.client_flops[clients], broadcast
+        )
+        per_client = list(by_client.values())
+        names = dict.fromkeys(name for metrics in per_client for name in metrics)
+        return {name: float(np.mean([m[name] for m in per_client if name in m])) for name in names}
+
+    def _evaluate_personalized(self, round: int, broadcast: Any) -> dict[str, float]:
+        """The personalised-FL accuracy (total correct / total) and fairness (std of per-client
+        accuracies) over every client's held-out split."""
+        assert self.client_test_sizes is not None
+        clients = np.flatnonzero(self.client_test_sizes > 0)
+        costs = self.client_test_sizes[clients] * self.client_flops[clients]
+        per_client = self.evaluate_each_client("evaluate_clients", round, clients, costs, broadcast)
+        accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
+        correct = sum(s["correct"] for s in per_client.values())
+        count = sum(s["count"] for s in per_client.values())
+        return {
+            "personal_accuracy": correct / count,
+            "personal_accuracy_std": float(accuracies.std()),
+            "personal_accuracy_worst": float(accuracies.min()),
+            "personal_accuracy_client_mean": float(accuracies.mean()),
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs (tensors and plain values only: loadable with weights_only).
+
+        ``kept_state_versions`` [k, num_clients] holds the client-state versions of the k earlier
+        checkpoints that stay on disk next to this one (``checkpoint.keep`` - 1 at most), so that a
+        run resumed from this checkpoint keeps protecting their client state too."""
+        earlier = self.checkpoint_versions[len(self.checkpoint_versions) - self.config.checkpoint.keep + 1 :]
+        return {
+            "server_state": self.state,
+            "state_versions": torch.from_numpy(self.state_versions.copy()),
+            "kept_state_versions": torch.from_numpy(np.stack(earlier) if earlier else np.empty((0, self.num_clients), np.int64)),
+            "worker_restarts": self.pool.restarts,
+        }
+
+    def checkpoint_written(self) -> None:
+        """The driver saved the last :meth:`checkpoint_state`: its client-state versions are now
+        protected, with those of the ``checkpoint.keep`` - 1 checkpoints before it."""
+        self.checkpoint_versions = [*self.checkpoint_versions, self.state_versions.copy()][-self.config.checkpoint.keep :]
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.state = state["server_state"]
+        self.state_versions = state["state_versions"].numpy().astype(np.int64)
+        earlier = state.get("kept_state_versions", torch.empty(0, self.num_clients, dtype=torch.int64)).numpy()
+        self.checkpoint_versions = [row.astype(np.int64) for row in earlier] + [self.state_versions.copy()]
+        self.shared_broadcast = None
+
+
+    def worker_handles(self) -> list[Any]:
+        return self.pool.handles()
+
+
+def _mean(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else float("nan")
