@@ -168,9 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         ray1_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=1"], scratch)  # starts Ray: its start-up is measured here
         ray2_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=2"], scratch)
     ray.shutdown()
-    for name, run in (("local", local_w1), ("ray 1 worker", ray1_w1), ("ray 2 workers", ray2_w1)):
-        if run["final_accuracy"] != plain_w1["final_accuracy"] and name != "ray 2 workers":
-            print(f"note: {name} final accuracy {run['final_accuracy']} differs from the plain loop's {plain_w1['final_accuracy']}")
+    if local_w1["final_accuracy"] != ray1_w1["final_accuracy"]:  # the same worker count: bit-identical by design
+        print(f"note: local and Ray runs of one worker disagree: {local_w1['final_accuracy']} vs {ray1_w1['final_accuracy']}")
 
     figures = {
         "ray_startup_s": ray1_w1["ray_startup_s"],

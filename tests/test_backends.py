@@ -173,3 +173,19 @@ def test_breakpoint_in_client_update_stops_in_the_callers_terminal(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("(Pdb)") >= 2
     assert result.stdout.count("('client', ") == 2
+
+
+def test_client_rows_carry_the_clients_samples_and_natural_ids(tmp_path):
+    """A natural partition (one client per stdlib module): each client row names the module it is."""
+    config = fedray.load_config(
+        REPO / "examples" / "fedavg_text_stdlib.yaml",
+        [f"output.dir={tmp_path}", "output.name=run", "train.rounds=1", "train.local_epochs=1", "output.plots=false", "output.tensorboard=false"],
+    )
+    summary = fedray.run_experiment(config, progress=False)
+    data = fedray.runtime.prepare_data(config)
+    rows = read_metrics(summary.run_dir, "client")
+    assert len(rows) == config.train.clients_per_round
+    for row in rows:
+        client = int(row["client_id"])
+        assert row["num_samples"] == data.clients.sizes[client]
+        assert row["client_name"] == data.client_names[client]

@@ -28,7 +28,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from e2e_helpers import CrashAfterRound, comparable_rows, final_weights, round_rows
 from fedray import load_config
 from fedray.config import ConfigError
 from fedray.layout import RESUMES_FILE, RUN_ID_FILE
@@ -38,6 +37,8 @@ from fedray.runtime.resume import ConfigChange
 from fedray.runtime.state_store import CLAIM_FILE, join_location, open_location
 from fedray.tracking import Callback, read_metrics
 from fedray.tracking.metrics_file import METRICS_FILE, list_parts
+
+from e2e_helpers import CrashAfterRound, comparable_rows, final_weights, round_rows
 from test_bad_inputs import assert_rejected
 
 REPO = Path(__file__).resolve().parents[1]

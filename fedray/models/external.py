@@ -51,10 +51,6 @@ if TYPE_CHECKING:
     from fedray.config.schema import ModelConfig
     from fedray.data.base import DatasetInfo
 
-#: The model parts every FedModel's state-dict keys start with.
-MODEL_PARTS = ("encoder.", "projector.", "classifier.")
-
-
 def _error(key: str, message: str) -> ConfigError:
     return ConfigError(f"invalid config:\n  {key}: {message}")
 

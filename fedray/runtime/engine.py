@@ -41,6 +41,8 @@ class RoundEngine:
         self.pool = pool
         self.num_clients = data.num_clients
         self.client_test_sizes = None if data.client_test is None else data.client_test.sizes.astype(np.float64)
+        self.client_sizes = data.clients.sizes
+        self.client_names = data.client_names  # data.partition=natural: each client's id in the data
         self.run_dir = run_dir
         self.algorithm = build_algorithm(config, data)
         self.client_flops = client_forward_flops(self.algorithm, data)
@@ -96,8 +98,16 @@ class RoundEngine:
         if round % cfg.eval.every == 0 or round == cfg.train.rounds:
             row.update(self.evaluate(round))
         row["seconds"] = time.perf_counter() - started
-        client_rows = [{"client_id": cid, **metrics} for cid, metrics in results.client_metrics.items()]
+        client_rows = [{**self._client_columns(cid), **metrics} for cid, metrics in results.client_metrics.items()]
         return {"round": row, "clients": client_rows}
+
+    def _client_columns(self, client_id: int) -> dict[str, Any]:
+        """What a client row says of its client: its id, its training samples and, with a natural
+        partition, its id in the data (``client_name``)."""
+        columns: dict[str, Any] = {"client_id": client_id, "num_samples": int(self.client_sizes[client_id])}
+        if self.client_names is not None:
+            columns["client_name"] = self.client_names[client_id]
+        return columns
 
     def train(self, round: int, cohort: np.ndarray) -> RoundResults:
         """Run ``cohort``'s client updates on the pool and merge the workers' partials: what reaches

@@ -23,6 +23,10 @@ a resumed run, and a resume from any checkpoint still on disk all read exactly t
 have read without the failure. A worker caches the states it wrote (the ``cache_size`` most recent,
 at most ``cache_bytes`` of tensors): a sticky client, trained on the same worker as last time, never
 reads its state back.
+
+Claims: a location outside the run directory (``<output.client_state_dir>/<run name>``) could be
+shared by two runs of the same name; the first run claims it (:func:`claim_location`) and any other
+is refused before it writes, so it never deletes the first run's versions.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Callback:
 
     ``on_round_end`` receives the round's row (``round``, ``train_loss``, ``test_accuracy`` on
     evaluated rounds, ``seconds``, the algorithm's diagnostics: a row of ``metrics.parquet``) and one
-    row per client of the round.
+    row per client of the round: copies of its own, so a callback that edits them changes no record.
     """
 
     def on_run_start(self, run: RunContext) -> None:
