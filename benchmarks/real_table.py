@@ -87,7 +87,7 @@ from fedray import load_config
 from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TRIALS_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
-from fedray.tracking.progress import collapsed
+from fedray.tracking.health import collapsed
 from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -757,7 +757,7 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     median against its largest, with the client that had it. A client update that blows up but stays
     finite shows here as one client far above the median (docs/results/fmnist.md, SCAFFOLD)."""
     from fedray.tracking.metrics_file import read_metrics_table
-    from fedray.tracking.progress import client_loss_key
+    from fedray.tracking.health import client_loss_key
 
     table = read_metrics_table(run_dir).to_pandas()
     table = table[table["round"].between(first, last)]
@@ -785,7 +785,7 @@ def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
     (the rule of :func:`collapse`) or its last round (a run that diverged stops there). The figures of
     docs/results/fmnist.md, "Warnings for finite blow-ups"."""
     from fedray.tracking.metrics_file import read_metrics_table
-    from fedray.tracking.progress import loss_outliers
+    from fedray.tracking.health import loss_outliers
 
     rounds_seen, lines = 0, ["| run | rounds | warned in rounds | first collapse | last round |", "|---|---|---|---|---|"]
     for run_dir in run_dirs:
