@@ -780,7 +780,7 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
 
 
 def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
-    """Replays the progress output's blow-up warning (:func:`fedray.tracking.progress.loss_outliers`)
+    """Replays the progress output's blow-up warning (:func:`fedray.tracking.health.loss_outliers`)
     over the client rows of every run in ``run_dirs``, beside how each run ended: its first collapse
     (the rule of :func:`collapse`) or its last round (a run that diverged stops there). The figures of
     docs/results/fmnist.md, "Warnings for finite blow-ups"."""

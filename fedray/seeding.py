@@ -22,6 +22,14 @@ def sample_cohort(seed: int, round: int, num_clients: int, clients_per_round: in
     return np.sort(rng.choice(num_clients, size=clients_per_round, replace=False))
 
 
+def sample_cohort_among(seed: int, round: int, candidates: np.ndarray, size: int) -> np.ndarray:
+    """The ascending ids of ``size`` of ``candidates`` (ascending ids: the clients online in a round
+    of ``systems.availability``) that train in ``round``; with every client a candidate, the same
+    draw as :func:`sample_cohort`."""
+    rng = np.random.default_rng(derive_seed(seed, _COHORT_STREAM, round))
+    return np.sort(rng.choice(candidates, size=size, replace=False))
+
+
 def seed_client(seed: int, round: int, client_id: int) -> torch.Generator:
     """Seed torch's global RNG (dropout, initialisation inside algorithms) and return a CPU
     generator for data order and augmentation, both from (seed, round, client id)."""

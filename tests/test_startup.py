@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -111,55 +112,53 @@ RESUME_PROBE = textwrap.dedent(
     import json, sys
     import ray
     from fedray.cli.main import main
-    from fedray.runtime import ray_start
-
-    begun = []
-    start = ray_start.start_local_ray_in_background
-    def recording_start(config, address):
-        begun.append({"torch": "torch" in sys.modules, "workers": config.resources.num_workers})
-        start(config, address)
-    ray_start.start_local_ray_in_background = recording_start
 
     code = main(["run", "--resume", sys.argv[1], "--quiet"])
-    print(json.dumps({"code": code, "begun": begun, "stopped": not ray.is_initialized()}))
+    print(json.dumps({"code": code, "torch": "torch" in sys.modules, "ray": ray.is_initialized()}))
     """
 )
+WALL_TIME_LINE = re.compile(r"^wall time +([0-9.]+) s from the command's start \(the run ([0-9.]+) s, ", re.MULTILINE)
 
 
 @pytest.mark.slow
-def test_a_resume_begins_the_ray_start_before_torch_and_stops_it_quietly_when_refused(tmp_path, tiny_overrides):
-    """`fedray run --resume` (a real process with its own local Ray) reads the saved config's schema
-    and begins the Ray start before importing torch, as a fresh run does; the run joins that start.
-    Resuming the finished run is refused: that Ray is stopped and the error is the only line."""
+def test_a_finished_run_s_resume_is_refused_before_torch_and_ray(tmp_path, tiny_overrides):
+    """`fedray run --resume` of a run that finished all its rounds is refused from its saved config's
+    schema and summary, before torch is imported and Ray started; the error is the only line. The
+    resume that finished it reports the command's wall time, its imports included."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     save_config(load_config(None, [*tiny_overrides, "train.rounds=2", "resources.num_workers=1"]), run_dir / "config.yaml")
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
 
-    def resume() -> tuple[dict, str]:
+    def resume() -> tuple[dict, subprocess.CompletedProcess, float]:
+        began = time.monotonic()
         result = subprocess.run([sys.executable, "-c", RESUME_PROBE, str(run_dir)], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=300)
         assert result.stdout.strip(), result.stderr[-3000:]
-        return json.loads(result.stdout.splitlines()[-1]), result.stderr
+        return json.loads(result.stdout.splitlines()[-1]), result, time.monotonic() - began
 
-    report, stderr = resume()  # no checkpoint yet: it runs from round 1
-    assert report["code"] == 0 and report["begun"] == [{"torch": False, "workers": 1}], stderr[-3000:]
+    report, result, elapsed = resume()  # no checkpoint yet: it runs from round 1
+    assert report["code"] == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+    command_seconds, run_seconds = map(float, WALL_TIME_LINE.search(result.stdout).groups())
+    assert run_seconds < command_seconds <= elapsed + 0.1  # the interpreter's start and the imports count
 
-    report, stderr = resume()
-    assert report == {"code": 2, "begun": [{"torch": False, "workers": 1}], "stopped": True}
-    assert [line for line in stderr.splitlines() if line.strip()] == [f"fedray: {run_dir} already finished all 2 rounds"]
+    report, result, _ = resume()
+    assert report == {"code": 2, "torch": False, "ray": False}
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [f"fedray: {run_dir} already finished all 2 rounds"]
 
 
-def test_the_cli_prints_the_first_round_from_the_process_start(capsys):
+def test_the_cli_prints_the_command_s_wall_time_and_the_first_round_from_the_process_start(capsys):
     summary = RunSummary(
         run_dir="runs/x", rounds=3, final_test_accuracy=0.5, best_test_accuracy=0.6, best_round=2,
         seconds=9.0, ray_startup_seconds=3.0, first_round_seconds=5.25, final_metrics={},
     )
-    print_summary(summary, before_run=2.5)
-    assert "first round after  7.8 s (from the command's start)" in capsys.readouterr().out
+    print_summary(summary, before_run=2.5, command_seconds=12.3)
+    out = capsys.readouterr().out
+    assert "wall time          12.3 s from the command's start (the run 9.0 s, Ray start-up 3.0 s)" in out
+    assert "first round after  7.8 s (from the command's start)" in out
 
-    print_summary(RunSummary(**{**summary.__dict__, "first_round_seconds": None}), before_run=2.5)
+    print_summary(RunSummary(**{**summary.__dict__, "first_round_seconds": None}), before_run=2.5, command_seconds=12.3)
     assert "first round" not in capsys.readouterr().out  # no round ran
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import pkgutil
 from functools import cache
 
@@ -76,6 +77,16 @@ def _checked(value: object, source: str) -> type[Algorithm]:
         raise ConfigError(
             f"invalid config:\n  algorithm.name: {source} declares name = {value.name!r}, which is a built-in "
             f"algorithm; give it a name of its own (built-ins: {', '.join(sorted(_builtins()))})"
+        )
+    if value.client_update is Algorithm.client_update:
+        raise ConfigError(
+            f"invalid config:\n  algorithm.name: {source} does not define client_update(self, ctx, broadcast), "
+            "which every algorithm must (docs/writing_an_algorithm.md)"
+        )
+    if inspect.isabstract(value):
+        raise ConfigError(
+            f"invalid config:\n  algorithm.name: {source} leaves the abstract method(s) "
+            f"{', '.join(sorted(value.__abstractmethods__))} undefined, so it cannot be built"
         )
     return value
 

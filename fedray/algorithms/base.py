@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from fedray.algorithms.requirements import Requirement
+from fedray.algorithms.uploads import Upload
 from fedray.config import RunConfig, TrainConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
@@ -132,6 +133,9 @@ class Algorithm:
     # What the model and config must provide (BatchNorm layers, a projection head, per-client test
     # splits...), checked before Ray starts; see fedray.algorithms.requirements.
     requires: ClassVar[frozenset[Requirement]] = frozenset()
+    # What client_update uploads (model weights, prototypes, ...), for privacy and robust aggregation;
+    # empty: undeclared, refused when they are on. See fedray.algorithms.uploads.
+    uploads: ClassVar[frozenset[Upload]] = frozenset()
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:

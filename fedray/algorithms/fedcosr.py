@@ -62,6 +62,7 @@ from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import cosine_matrix, mean_or_zero, multi_positive_info_nce
 from fedray.algorithms.personalized import PersonalizedAlgorithm, PersonalizedParams
 from fedray.algorithms.prototypes import class_means, client_class_sums
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel
@@ -150,6 +151,7 @@ def probe_reg_loss(
 
 class FedCoSR(PersonalizedAlgorithm):
     name = "fedcosr"
+    uploads = frozenset({MODEL_WEIGHTS, Upload("class representations", sums=("centroid_sums", "centroid_counts"))})
     Params = FedCoSRParams
     params: FedCoSRParams
 

@@ -48,6 +48,7 @@ from fedray.algorithms.fedsc import eval_pass_class_sums
 from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import prototype_contrastive_loss
 from fedray.algorithms.prototypes import class_means
+from fedray.algorithms.uploads import Upload
 from fedray.models import FedModel
 
 
@@ -72,6 +73,7 @@ def prototype_upload(class_sums: Tensor, class_counts: Tensor, weighting: str) -
 
 class FedProc(FedAvg):
     name = "fedproc"
+    uploads = FedAvg.uploads | {Upload("prototypes", sums=("proto_sum", "proto_weight"))}
     Params = FedProcParams
     params: FedProcParams
 

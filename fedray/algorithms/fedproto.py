@@ -53,6 +53,7 @@ from fedray.algorithms.base import (
 from fedray.algorithms.fedsc import eval_pass_class_sums
 from fedray.algorithms.local import local_train
 from fedray.algorithms.prototypes import class_means
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 
@@ -80,6 +81,7 @@ def prototype_alignment(features: Tensor, labels: Tensor, prototypes: Tensor, pr
 
 class FedProto(Algorithm):
     name = "fedproto"
+    uploads = frozenset({MODEL_WEIGHTS, Upload("prototypes", sums=("class_sums", "class_counts"))})
     Params = FedProtoParams
     params: FedProtoParams
 

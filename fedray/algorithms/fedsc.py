@@ -76,6 +76,7 @@ from fedray.algorithms.losses import (
     single_mean_positive_contrastive_loss,
 )
 from fedray.algorithms.prototypes import class_means, class_sums, client_class_sums
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 ProtoSource = Literal["eval_pass", "last_epoch"]
@@ -212,6 +213,7 @@ class LastEpochClassSums:
 
 class FedSC(Algorithm):
     name = "fedsc"
+    uploads = frozenset({MODEL_WEIGHTS, Upload("prototypes", payload=("prototypes", "class_present", "num_samples", "discrepancy"))})
     Params = FedSCParams
     params: FedSCParams
 

@@ -89,6 +89,7 @@ from fedray.algorithms.fedsc import (
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import distance_scale, duplicated_positive_anchor_loss, prototype_contrastive_loss
 from fedray.algorithms.prototypes import class_means
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 GdaMode = Literal["paper", "normalized", "fedavg"]
@@ -180,6 +181,7 @@ def knowledge_transform(mean_logits: Tensor, transform: str) -> Tensor:
 
 class FedSKC(Algorithm):
     name = "fedskc"
+    uploads = frozenset({MODEL_WEIGHTS, Upload("logit knowledge", payload=("knowledge", "class_present", "num_samples", "weights"))})
     Params = FedSKCParams
     params: FedSKCParams
 

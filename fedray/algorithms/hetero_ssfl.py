@@ -77,6 +77,7 @@ from fedray.algorithms.ssl import (
     embed,
     represent,
 )
+from fedray.algorithms.uploads import Upload
 from fedray.config import ModelConfig, RunConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
@@ -132,6 +133,7 @@ def assign_architectures(num_clients: int, num_architectures: int, rule: str, se
 
 class HeteroSSFL(SiameseAlgorithm):
     name = "hetero_ssfl"
+    uploads = frozenset({Upload("kernel matrices", payload=("representations", "num_samples"))})
     keeps_client_state = True
     Params = HeteroSSFLParams
     params: HeteroSSFLParams

@@ -44,6 +44,7 @@ from fedray.algorithms.base import (
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import model_contrastive_loss
 from fedray.algorithms.requirements import PROJECTION_HEAD
+from fedray.algorithms.uploads import MODEL_WEIGHTS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
@@ -61,6 +62,7 @@ class MOON(Algorithm):
     name = "moon"
     keeps_client_state = True
     requires = frozenset({PROJECTION_HEAD})
+    uploads = frozenset({MODEL_WEIGHTS})
     Params = MOONParams
     params: MOONParams
 

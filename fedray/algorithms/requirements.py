@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from fedray.algorithms.uploads import check_uploads
 from fedray.config import ConfigError, RunConfig
 from fedray.models import FedModel
 
@@ -82,9 +83,11 @@ def is_personalised(algorithm: type[Algorithm]) -> bool:
 def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
     """Raise :class:`ConfigError` for the first (in :data:`CHECK_ORDER`, then any an algorithm defines
     itself) of ``type(algorithm).requires`` that ``algorithm.config`` and ``model`` (the algorithm's built
-    model) do not meet."""
+    model) do not meet, then for uploads that ``privacy``/``robust`` cannot handle
+    (:func:`fedray.algorithms.uploads.check_uploads`)."""
     cls = type(algorithm)
     own = sorted(cls.requires - set(CHECK_ORDER), key=lambda requirement: requirement.keys)
     for requirement in [r for r in CHECK_ORDER if r in cls.requires] + own:
         if not requirement.is_met(algorithm.config, model):
             raise ConfigError(f"invalid config:\n  {requirement.message(cls.name or cls.__name__, algorithm.config)}")
+    check_uploads(algorithm)

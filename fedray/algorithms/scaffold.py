@@ -56,6 +56,7 @@ from fedray.algorithms.base import (
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import linear_term
 from fedray.algorithms.server_optimizers import ServerOptimizedAlgorithm, ServerOptimizerParams
+from fedray.algorithms.uploads import Upload
 from fedray.config import ConfigError, RunConfig, TrainConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
@@ -84,6 +85,7 @@ def local_steps(num_samples: int, train: TrainConfig) -> int:
 
 class Scaffold(ServerOptimizedAlgorithm):
     name = "scaffold"
+    uploads = ServerOptimizedAlgorithm.uploads | {Upload("control variates", sums=("delta_control",))}
     keeps_client_state = True
     Params = ScaffoldParams
     params: ScaffoldParams

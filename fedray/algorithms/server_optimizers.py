@@ -49,6 +49,7 @@ import torch
 from pydantic import Field
 
 from fedray.algorithms.base import Algorithm, AlgorithmParams, RoundResults, ServerState, Tensor
+from fedray.algorithms.uploads import MODEL_WEIGHTS
 from fedray.models import FedModel
 
 ServerOptimizerName = Literal["none", "avgm", "adam", "yogi", "adagrad"]
@@ -131,6 +132,7 @@ class ServerOptimizedAlgorithm(Algorithm):
 
     Params = ServerOptimizerParams
     params: ServerOptimizerParams
+    uploads = frozenset({MODEL_WEIGHTS})
 
     @cached_property
     def server_optimizer(self) -> ServerOptimizer | None:

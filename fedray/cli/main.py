@@ -4,7 +4,8 @@
 Exit codes: 0 success, 1 runtime failure, 2 invalid input (config, paths, arguments), 130
 interrupted (Ctrl-C or SIGTERM). Expected failures are printed as one line, without a traceback: a
 :class:`ConfigError`, and any exception whose class sets ``fedray_exit_code`` (a corrupt checkpoint,
-a full disk, a run that failed for a stated reason).
+a full disk, a run that failed for a stated reason); below the line of a
+:class:`~fedray.runtime.errors.UserCodeError`, the traceback of the user's code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import NoReturn
 
 import fedray
 from fedray.config import ConfigError
+from fedray.runtime.errors import innermost_cause
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(error, "fedray_exit_code", None)
         if code is None:
             raise
-        while isinstance(getattr(error, "cause", None), BaseException):  # raised in an actor: Ray wraps it
-            error = error.cause
+        error = innermost_cause(error)  # raised in an actor: Ray wraps it
         print(f"fedray: {error}", file=sys.stderr)
+        if getattr(error, "user_frames", ""):  # a UserCodeError: where in the user's code
+            print(error.user_frames.rstrip("\n"), file=sys.stderr)
         return int(code)
 
 

@@ -7,6 +7,7 @@ import os
 import time
 
 from fedray.config import ConfigError, load_config_sections, saved_config_path
+from fedray.runtime.resume import check_unfinished
 
 _IMPORTED = time.monotonic()
 
@@ -29,41 +30,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Errors reach :func:`fedray.cli.main.main`, which prints expected ones as one line. The config's
-    schema (a resumed run's saved one) is validated first, before torch is imported (a bad value
-    fails in under a second). A local Ray then begins to start in the background while the
-    algorithm's and callbacks' keys (which need their code) and the data are checked, or the
-    checkpoint is read; if one of those fails, that Ray is stopped without a word and the error is
-    the only line printed."""
+    schema (a resumed run's saved one), the ``--address`` and whether a resumed run is already
+    finished are checked first, before torch is imported (a bad value fails in about a second). The
+    run then checks the algorithm's and callbacks' keys (which need their code), the data and the run
+    directory, and only then starts or joins Ray: a bad input never waits for Ray's start or stop."""
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
         sections = load_config_sections(saved_config_path(args.resume))
+        check_unfinished(args.resume, sections.train.rounds)
     else:
         sections = load_config_sections(args.config, args.overrides)
     if args.print_config:
         print_config(sections)
         return 0
-    from fedray.runtime.ray_start import abandon_background_start, start_local_ray_in_background
+    from fedray.runtime.ray_start import check_address
 
-    start_local_ray_in_background(sections, args.address)  # overlaps the imports and the data's preparation
-    try:
-        if args.resume:
-            from fedray.runtime import resume_experiment  # imports torch and the algorithms
+    check_address(args.address)
+    if args.resume:
+        from fedray.runtime import resume_experiment  # imports torch and the algorithms
 
-            before_run = seconds_since_process_start()
-            summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
-        else:
-            from fedray.plugins import validate_plugins  # imports torch and the algorithms
+        before_run = seconds_since_process_start()
+        summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
+    else:
+        from fedray.plugins import validate_plugins  # imports torch and the algorithms
 
-            config = validate_plugins(sections)
-            from fedray.runtime import run_experiment
+        config = validate_plugins(sections)
+        from fedray.runtime import run_experiment
 
-            before_run = seconds_since_process_start()
-            summary = run_experiment(config, address=args.address, progress=not args.quiet)
-    except BaseException:
-        abandon_background_start()  # the run failed before it joined the start: stop that Ray quietly
-        raise
-    print_summary(summary, before_run)
+        before_run = seconds_since_process_start()
+        summary = run_experiment(config, address=args.address, progress=not args.quiet)
+    print_summary(summary, before_run, seconds_since_process_start())
     return 0
 
 
@@ -89,8 +86,10 @@ def seconds_since_process_start() -> float:
         return time.monotonic() - _IMPORTED
 
 
-def print_summary(summary, before_run: float) -> None:
-    """``before_run``: the process's age when the run started (its imports and config validation)."""
+def print_summary(summary, before_run: float, command_seconds: float) -> None:
+    """``before_run``: the process's age when the run started (its imports and config validation);
+    ``command_seconds``: its age now, the command's wall time, which the run's own ``seconds``
+    (from the call of :func:`~fedray.runtime.run_experiment`) leave out the imports and checks of."""
     def percent(value):
         return "n/a" if value is None else f"{100 * value:.2f}%"
 
@@ -102,7 +101,7 @@ def print_summary(summary, before_run: float) -> None:
     if "personal_accuracy" in summary.final_metrics:
         print(f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}")
     where = "local backend, no Ray" if summary.backend == "local" else f"Ray start-up {summary.ray_startup_seconds:.1f} s"
-    print(f"wall time          {summary.seconds:.1f} s ({where})")
+    print(f"wall time          {command_seconds:.1f} s from the command's start (the run {summary.seconds:.1f} s, {where})")
     if summary.first_round_seconds is not None:
         print(f"first round after  {before_run + summary.first_round_seconds:.1f} s (from the command's start)")
     workers = " workers.json," if summary.backend == "ray" else ""

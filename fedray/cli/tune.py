@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a hyperparameter sweep with Ray Tune (one trial = one simulation)",
         description="Run the sweep described by a sweep file (see docs/tune.md and tune_configs/), "
         "or continue an interrupted one with --resume. Exit codes: 0 every trial finished, 1 a trial "
-        "errored or the sweep was interrupted, 2 invalid input (before Ray starts).",
+        "errored, 2 invalid input (before Ray starts), 130 interrupted (Ctrl-C or SIGTERM).",
     )
     parser.add_argument("sweep", nargs="?", help="sweep file (YAML)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config for every trial, e.g. --set train.rounds=5 (repeatable)")
@@ -62,9 +62,10 @@ def tune_command(args: argparse.Namespace) -> int:
     if outcome.num_errors:
         print(f"fedray: {outcome.num_errors} trial(s) errored: see the table above and the error column of "
               f"{outcome.sweep_dir / 'trials.parquet'}", file=sys.stderr)
-    if outcome.num_unfinished:
+    if outcome.num_unfinished:  # Tune returns normally when interrupted: the unfinished trials tell
         print(f"fedray: interrupted with {outcome.num_unfinished} trial(s) unfinished; continue with "
               f"`fedray tune --resume {outcome.sweep_dir}`", file=sys.stderr)
+        return 130
     return 0 if outcome.status == "finished" and not outcome.num_errors else 1
 
 

@@ -146,21 +146,28 @@ def _ignore_matcher(directory: Path, patterns: list[str]) -> Callable[[Path], bo
     return matches
 
 
+def _ignore_file_matchers(directory: Path) -> list[Callable[[Path], bool]]:
+    """The matchers of ``directory``'s own ``.gitignore`` and ``.rayignore`` (those it has)."""
+    return [
+        _ignore_matcher(directory, (directory / ignore_file).read_text(errors="replace").splitlines())
+        for ignore_file in (".gitignore", ".rayignore")
+        if (directory / ignore_file).is_file()
+    ]
+
+
 def plan_upload(working_dir: Path, excludes: list[str] = ()) -> UploadPlan:
     """Walk ``working_dir`` as Ray's upload will (its excludes, plus ``.gitignore``/``.rayignore`` in
     every folder) without following links, and leave out every symbolic link that points outside the
-    working directory, is broken, or points at a folder (Ray would follow it: a link to a parent folder
-    is packed dozens of levels deep); the target of a folder link inside the working directory is
-    uploaded in its own place."""
+    working directory, is broken, points at what those rules leave out (Ray would pack the target's
+    contents under the link's name: ``config/creds -> ../.env`` would ship ``.env``), or points at a
+    folder (Ray would follow it: a link to a parent folder is packed dozens of levels deep); the
+    target of a folder link inside the working directory is uploaded in its own place."""
     root = working_dir.resolve()
     plan = UploadPlan(excludes=DEFAULT_EXCLUDES + list(excludes))
     stack: list[tuple[Path, list[Callable[[Path], bool]]]] = [(working_dir, [_ignore_matcher(working_dir, plan.excludes)])]
     while stack:
         directory, matchers = stack.pop()
-        matchers = list(matchers)
-        for ignore_file in (".gitignore", ".rayignore"):
-            if (directory / ignore_file).is_file():
-                matchers.append(_ignore_matcher(directory, (directory / ignore_file).read_text(errors="replace").splitlines()))
+        matchers = matchers + _ignore_file_matchers(directory)
         try:
             entries = sorted(directory.iterdir())
         except OSError:
@@ -170,7 +177,7 @@ def plan_upload(working_dir: Path, excludes: list[str] = ()) -> UploadPlan:
                 continue
             relative = entry.relative_to(working_dir).as_posix()
             if entry.is_symlink():
-                reason = _link_problem(entry, root)
+                reason = _link_problem(entry, root, plan.excludes)
                 if reason is not None:
                     plan.skipped_links.append((relative, reason))
                     plan.excludes.append(_escape_pattern(relative))
@@ -183,17 +190,33 @@ def plan_upload(working_dir: Path, excludes: list[str] = ()) -> UploadPlan:
     return plan
 
 
-def _link_problem(link: Path, root: Path) -> str | None:
-    """Why the symbolic link ``link`` must not be uploaded, or None if its target may be."""
+def _link_problem(link: Path, root: Path, excludes: list[str]) -> str | None:
+    """Why the symbolic link ``link`` must not be uploaded, or None if its target may be; ``root``:
+    the resolved working directory, ``excludes``: the upload's patterns."""
     try:
         target = link.resolve(strict=True)
     except (OSError, RuntimeError):  # broken, or a loop of links
         return f"broken or looping link to {os.readlink(link)}"
     if not target.is_relative_to(root):
         return f"points outside the working directory, to {target}"
+    if _left_out(target, root, excludes):
+        return f"points at {target.relative_to(root).as_posix()}, which the upload rules leave out"
     if target.is_dir():
         return "links to a folder (its target, inside the working directory, is uploaded in its own place)"
     return None
+
+
+def _left_out(path: Path, root: Path, excludes: list[str]) -> bool:
+    """Whether the walk of :func:`plan_upload` leaves out ``path`` (resolved, inside ``root``): it or a
+    folder above it matches ``excludes`` or an ignore file of a folder above it."""
+    matchers = [_ignore_matcher(root, excludes)]
+    directory = root
+    for part in path.relative_to(root).parts:
+        matchers += _ignore_file_matchers(directory)
+        directory = directory / part
+        if any(match(directory) for match in matchers):
+            return True
+    return False
 
 
 def submit(client: JobSubmissionClient, entrypoint: str, working_dir: Path, plan: UploadPlan) -> str:

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from fedray.config.privacy import PrivacyConfig, RobustConfig, check_privacy_and_robust
+
 DATASETS = (
     "digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic",
     "imagefolder", "table", "pystdlib_chars", "breast_cancer", "wine",
@@ -299,6 +301,123 @@ class OutputConfig(Section):
         return name
 
 
+class LogNormalConfig(Section):
+    """A quantity that varies over clients: log-normal with this median and σ of its logarithm
+    (σ = 0: every client has the median)."""
+
+    median: float = Field(gt=0)
+    sigma: float = Field(0.0, ge=0, le=5)
+
+
+def _absolute_path(path: str | None) -> str | None:
+    """The server actor runs elsewhere than the caller's directory: pin a relative path to it."""
+    return None if path is None else str(Path(path).expanduser().absolute())
+
+
+class DevicesConfig(Section):
+    """``systems.devices``: each client's training speed and bandwidth (docs/guide/systems.md)."""
+
+    source: Literal["distribution", "profiles", "file"] = Field(
+        "distribution",
+        description="distribution: drawn per client from the three log-normals below; profiles: each client "
+        "one of the named device profiles, drawn with the shares of `profiles`; file: one row per client id in `file`",
+    )
+    flops_per_second: LogNormalConfig = Field(
+        default_factory=lambda: LogNormalConfig(median=2e10, sigma=0.7), description="training throughput, FLOP/s"
+    )
+    download_mbps: LogNormalConfig = Field(default_factory=lambda: LogNormalConfig(median=20.0, sigma=0.8))
+    upload_mbps: LogNormalConfig = Field(default_factory=lambda: LogNormalConfig(median=5.0, sigma=0.8))
+    profiles: dict[str, float] = Field(
+        default_factory=dict, description="source=profiles: device profile name -> share of the clients (shares are normalised)"
+    )
+    file: str | None = Field(
+        None,
+        max_length=4096,
+        description="source=file: a .csv or .parquet with columns client_id, flops_per_second, download_mbps, upload_mbps",
+    )
+
+    _absolute_file = field_validator("file")(classmethod(lambda cls, path: _absolute_path(path)))
+
+    @field_validator("profiles")
+    @classmethod
+    def _positive_shares(cls, profiles: dict[str, float]) -> dict[str, float]:
+        if any(not share > 0 for share in profiles.values()):
+            raise ValueError("every share must be > 0")
+        return profiles
+
+    @model_validator(mode="after")
+    def _source_has_its_input(self) -> "DevicesConfig":
+        if self.source == "profiles" and not self.profiles:
+            raise ValueError("source=profiles needs systems.devices.profiles (name: share)")
+        if self.source == "file" and self.file is None:
+            raise ValueError("source=file needs systems.devices.file")
+        return self
+
+
+class AvailabilityConfig(Section):
+    """``systems.availability``: which clients are online when a round starts (docs/guide/systems.md)."""
+
+    process: Literal["always", "bernoulli", "diurnal", "trace"] = Field(
+        "always",
+        description="always; bernoulli: online with `probability` each round; diurnal: with a probability that "
+        "follows each client's time of day; trace: the online intervals of `trace_file`",
+    )
+    probability: float = Field(0.8, gt=0, le=1, description="bernoulli: P(online) per round; diurnal: its daily mean")
+    diurnal_amplitude: float = Field(0.5, ge=0, le=1, description="diurnal: relative swing of P(online) over a day")
+    day_seconds: float = Field(86_400.0, gt=0, description="diurnal: the period of the daily pattern, simulated seconds")
+    trace_file: str | None = Field(
+        None, max_length=4096, description="trace: a .csv or .parquet of online intervals: client_id, start, end (simulated seconds)"
+    )
+    trace_period_seconds: float | None = Field(
+        None, gt=0, description="trace: the trace repeats with this period (None: after its last interval a client stays offline)"
+    )
+
+    _absolute_trace = field_validator("trace_file")(classmethod(lambda cls, path: _absolute_path(path)))
+
+    @model_validator(mode="after")
+    def _trace_has_a_file(self) -> "AvailabilityConfig":
+        if self.process == "trace" and self.trace_file is None:
+            raise ValueError("process=trace needs systems.availability.trace_file")
+        return self
+
+
+class SelectionConfig(Section):
+    """``systems.selection``: over-selection, the reporting deadline and dropouts (Bonawitz et al. 2019).
+    ``train.clients_per_round`` is the target K: the first K clients to finish are aggregated."""
+
+    over_selection: float = Field(
+        1.0, ge=1, le=100, description="select ceil(over_selection × train.clients_per_round) available clients"
+    )
+    deadline_seconds: float | None = Field(
+        None, gt=0, description="clients that would finish later than this after the round starts are late (None: no deadline)"
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="probability that a selected client drops out during the round")
+    empty_round_seconds: float = Field(
+        60.0, gt=0, description="how far the clock moves in a round in which no client is online (without a deadline)"
+    )
+
+
+class SystemsConfig(Section):
+    """``systems``: the simulated devices, their availability and the simulated clock. Off by default;
+    off, a run computes exactly what it did without this section (docs/guide/systems.md)."""
+
+    enabled: bool = False
+    train_flops_per_forward: float = Field(
+        3.0, ge=1, description="training FLOPs per sample as a multiple of the forward pass (forward + backward ≈ 3)"
+    )
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    availability: AvailabilityConfig = Field(default_factory=AvailabilityConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+
+    @model_validator(mode="after")
+    def _set_only_when_enabled(self) -> "SystemsConfig":
+        # compared with the defaults, not with the keys given: a saved config.yaml spells every key out
+        defaults = SystemsConfig.model_construct().model_dump(exclude={"enabled"})  # model_construct: no validation, no recursion
+        if not self.enabled and self.model_dump(exclude={"enabled"}) != defaults:
+            raise ValueError("systems keys are set but systems.enabled is false; set systems.enabled=true to use them")
+        return self
+
+
 class RunConfig(Section):
     """A whole run config: one attribute per YAML section (``config.data.alpha``, ``config.train.rounds``)."""
 
@@ -311,6 +430,9 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    systems: SystemsConfig = Field(default_factory=SystemsConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    robust: RobustConfig = Field(default_factory=RobustConfig)
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> "RunConfig":
@@ -325,5 +447,14 @@ class RunConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _privacy_and_robust_checks(self) -> "RunConfig":
+        check_privacy_and_robust(self)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The config as JSON-able values; the ``systems``, ``privacy`` and ``robust`` sections only when
+        they are enabled, so that a run without them saves, checkpoints and logs exactly the config it
+        did before the sections existed."""
+        off = {name for name in ("systems", "privacy", "robust") if not getattr(self, name).enabled}
+        return self.model_dump(mode="json", exclude=off or None)

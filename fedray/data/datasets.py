@@ -334,7 +334,7 @@ def _load_idx(
         reason = FileNotFoundError(f"looked in {looked}")
         raise _missing_files_error(name, root, source.expected_files, reason)
     try:
-        return read_idx_split(directory, "train"), read_idx_split(directory, "test")
+        return read_idx_split(directory, "train", source.num_classes), read_idx_split(directory, "test", source.num_classes)
     except IdxFormatError as error:
         raise ConfigError(f"data.name={name}: {error}") from None
 

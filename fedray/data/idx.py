@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fedray.data.base import ArrayDataset
+from fedray.data.user import label_range_problem
 
 IDX_STEMS = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -71,9 +72,10 @@ def has_idx_files(directory: Path) -> bool:
     return all(idx_file(directory, stem) is not None for pair in IDX_STEMS.values() for stem in pair)
 
 
-def read_idx_split(directory: Path, split: str) -> ArrayDataset:
+def read_idx_split(directory: Path, split: str, num_classes: int) -> ArrayDataset:
     """The ``train`` or ``test`` split from ``directory``: uint8 images ``[N, 1, 28, 28]`` and int64
-    labels ``[N]``. Raises :class:`IdxFormatError` naming the file when the two do not match."""
+    labels ``[N]``. Raises :class:`IdxFormatError` naming the file when the two do not match or a
+    label is not below ``num_classes``."""
     images_path, labels_path = (idx_file(directory, stem) for stem in IDX_STEMS[split])
     assert images_path is not None and labels_path is not None, "call has_idx_files first"
     images, labels = read_idx(images_path), read_idx(labels_path)
@@ -82,4 +84,7 @@ def read_idx_split(directory: Path, split: str) -> ArrayDataset:
             f"{images_path} {images.shape} and {labels_path} {labels.shape} are not N images and "
             f"N labels"
         )
+    problem = label_range_problem(labels, num_classes)
+    if problem is not None:
+        raise IdxFormatError(f"{labels_path}: {problem}")
     return ArrayDataset(np.ascontiguousarray(images[:, None]), labels.astype(np.int64))

@@ -144,10 +144,10 @@ def checked_user_data(data: UserData, source: str) -> UserData:
             raise ConfigError(f"{source}: client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length")
         if client_ids.dtype == object and any(value is None for value in client_ids):
             raise ConfigError(f"{source}: client_ids_train has missing values")
-    largest_label = max(int(y.max()) for _, y in converted.values())
     num_classes = data.num_classes if data.num_classes is not None else int(converted["train"][1].max()) + 1
-    if largest_label >= num_classes:
-        raise ConfigError(f"{source}: label {largest_label} is out of range for {num_classes} classes (labels must be 0..{num_classes - 1})")
+    problem = label_range_problem(np.concatenate([y for _, y in converted.values()]), num_classes)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}")
     vocab_size = None
     if modality == "tokens":
         largest_id = max(int(x.max()) for x, _ in converted.values())
@@ -166,6 +166,16 @@ def checked_user_data(data: UserData, source: str) -> UserData:
         num_classes=num_classes,
         vocab_size=vocab_size,
     )
+
+
+def label_range_problem(labels: np.ndarray, num_classes: int) -> str | None:
+    """Why non-negative integer ``labels`` are not all below ``num_classes`` (None: they are): the
+    range check of every dataset's labels, the user's (:func:`checked_user_data`) and those read from
+    the built-in datasets' files (:mod:`fedray.data.idx`)."""
+    largest = int(labels.max())
+    if largest >= num_classes:
+        return f"label {largest} is out of range for {num_classes} classes (labels must be 0..{num_classes - 1})"
+    return None
 
 
 def _infer_modality(x: Any, source: str) -> str:

@@ -15,6 +15,7 @@ _API = {
     "RunError": "fedray.runtime.errors",
     "RunInterrupted": "fedray.runtime.errors",
     "TrainingDiverged": "fedray.runtime.errors",
+    "UserCodeError": "fedray.runtime.errors",
     "RunSummary": "fedray.runtime.experiment",
     "prepare_data": "fedray.runtime.experiment",
     "resume_experiment": "fedray.runtime.experiment",

@@ -27,8 +27,12 @@ from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.runtime.scheduler import assign_clients, client_forward_flops
 from fedray.runtime.state_store import NO_STATE
+from fedray.runtime.upload_path import ServerUploadPath
+from fedray.runtime.user_code import call_algorithm
 from fedray.runtime.worker import ClientTask, build_algorithm
 from fedray.seeding import sample_cohort
+from fedray.systems import SystemsModel
+from fedray.systems.clock import payload_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,11 @@ class RoundEngine:
         self.algorithm = build_algorithm(config, data)
         self.client_flops = client_forward_flops(self.algorithm, data)
         self.client_costs = data.clients.sizes * config.train.local_epochs * self.client_flops
+        # devices, availability and the simulated clock (systems.enabled; None: every client is ideal)
+        self.systems = SystemsModel.for_run(config, data, self.algorithm) if config.systems.enabled else None
+        # privacy and robust aggregation between the clients' updates and aggregate (None: off)
+        self.upload_path = ServerUploadPath.for_run(config)
+        self.upload_row: dict[str, float] = {}  # the last round's privacy/robustness columns
         torch.manual_seed(config.seed)
         self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
         # round in which each client last stored state; the same as of each kept checkpoint (oldest
@@ -55,6 +64,7 @@ class RoundEngine:
         self.checkpoint_versions: list[np.ndarray] = []
         self.shared_broadcast: Any = None
         self.broadcast_round = 0
+        self.broadcast_bytes = 0  # of the shared broadcast: what each client of its round downloads
 
     def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
         return [
@@ -65,7 +75,9 @@ class RoundEngine:
     def broadcast(self, round: int) -> Any:
         """The broadcast for ``round``, shared with the pool once."""
         if self.shared_broadcast is None or self.broadcast_round != round:
-            self.shared_broadcast = self.pool.share(self.algorithm.broadcast(self.state, round))
+            broadcast = self.algorithm.broadcast(self.state, round)
+            self.broadcast_bytes = payload_bytes(broadcast)
+            self.shared_broadcast = self.pool.share(broadcast)
             self.broadcast_round = round
         return self.shared_broadcast
 
@@ -76,14 +88,21 @@ class RoundEngine:
     # ------------------------------------------------------------------ rounds
     def run_round(self, round: int, cohort: np.ndarray | None = None) -> dict[str, Any]:
         """Train and aggregate one round; returns the round's metrics and per-client rows.
-        ``cohort``: the clients to train (default: the round's seeded draw)."""
+        ``cohort``: the clients to train (default: the round's seeded draw); with ``systems.enabled``,
+        the clients to select, of whom only those that report in time train (default: a draw among
+        the clients online)."""
         started = time.perf_counter()
         cfg = self.config
-        if cohort is None:
+        plan = None
+        if self.systems is not None:  # decided before any client runs: dropped and late clients do not train
+            self.broadcast(round)
+            plan = self.systems.plan_round(round, self.broadcast_bytes, cohort)
+            cohort = plan.reporting
+        elif cohort is None:
             cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
         results = self.train(round, np.asarray(cohort))
         if results.num_clients > 0:
-            self.state, algorithm_metrics = self.algorithm.aggregate(self.state, round, results)
+            self.state, algorithm_metrics = call_algorithm(self.algorithm, "aggregate", round, None, self.state, round, results)
         else:
             algorithm_metrics = {}
         row: dict[str, Any] = {
@@ -94,7 +113,10 @@ class RoundEngine:
             "train_loss": _mean([m.get("train_loss") for m in results.client_metrics.values()]),
             "lr": cfg.train.lr * cfg.train.lr_decay ** (round - 1),
             **algorithm_metrics,
+            **self.upload_row,
         }
+        if plan is not None:
+            row.update(self.systems.finish_round(round, plan, results, self.broadcast_bytes))
         if round % cfg.eval.every == 0 or round == cfg.train.rounds:
             row.update(self.evaluate(round))
         row["seconds"] = time.perf_counter() - started
@@ -111,13 +133,17 @@ class RoundEngine:
 
     def train(self, round: int, cohort: np.ndarray) -> RoundResults:
         """Run ``cohort``'s client updates on the pool and merge the workers' partials: what reaches
-        the algorithm's ``aggregate``."""
+        the algorithm's ``aggregate`` (after the upload path's noise or robust rule, when on)."""
+        if self.upload_path is not None:
+            self.upload_path.check_budget(round)
         # which clients a worker sums changes only the float64 rounding of the sums, which has not
         # reached a float32 result in any run measured (docs/performance.md); stickiness pays only
         # where a worker caches client state
         assignment = assign_clients(cohort, self.client_costs[cohort], self.pool.size, sticky=self.algorithm.keeps_client_state)
         partials: list[PartialResult | None] = self._on_clients("run_clients", round, assignment, self.broadcast(round))
         results = merge_partials([p for p in partials if p is not None])
+        if self.upload_path is not None:
+            results, self.upload_row = self.upload_path.apply(round, results, self.algorithm.broadcast(self.state, round)["weights"])
         for partial in partials:
             if partial is not None:
                 self.state_versions[partial.stateful_clients] = round
@@ -132,7 +158,7 @@ class RoundEngine:
         if clients is not None:
             return self._evaluate_clients_on_test_set(round, clients, broadcast)
         num_workers = self.pool.size
-        shards = self.pool.call_each("evaluate_global", [(broadcast, i, num_workers) for i in range(num_workers)])
+        shards = self.pool.call_each("evaluate_global", [(round, broadcast, i, num_workers) for i in range(num_workers)])
         total = {key: sum(s[key] for s in shards) for key in ("correct", "loss_sum", "count")}
         metrics = {"test_accuracy": total["correct"] / total["count"], "test_loss": total["loss_sum"] / total["count"]}
         if self.config.eval.personalized:
@@ -185,6 +211,8 @@ class RoundEngine:
             "state_versions": torch.from_numpy(self.state_versions.copy()),
             "kept_state_versions": torch.from_numpy(np.stack(earlier) if earlier else np.empty((0, self.num_clients), np.int64)),
             "worker_restarts": self.pool.restarts,
+            **({"upload_path": self.upload_path.state_dict()} if self.upload_path is not None else {}),
+            **({"systems": self.systems.state_dict()} if self.systems is not None else {}),
         }
 
     def checkpoint_written(self) -> None:
@@ -198,6 +226,10 @@ class RoundEngine:
         earlier = state.get("kept_state_versions", torch.empty(0, self.num_clients, dtype=torch.int64)).numpy()
         self.checkpoint_versions = [row.astype(np.int64) for row in earlier] + [self.state_versions.copy()]
         self.shared_broadcast = None
+        if self.upload_path is not None and "upload_path" in state:
+            self.upload_path.load_state_dict(state["upload_path"])
+        if self.systems is not None:
+            self.systems.load_state_dict(state["systems"])
 
 
     def worker_handles(self) -> list[Any]:

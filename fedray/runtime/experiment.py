@@ -28,10 +28,10 @@ from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
-from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, first_line
+from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, UserCodeError, first_line, innermost_cause
 from fedray.runtime.engine import RoundEngine
 from fedray.runtime.pool import LocalPool
-from fedray.runtime.resume import ResumeRecord, check_resumable, config_changes
+from fedray.runtime.resume import ResumeRecord, check_resumable, check_unfinished, config_changes
 from fedray.runtime.ray_start import check_address, check_gpu_available, check_local_resources, ensure_ray, starts_local_ray, uses_ray
 from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
 from fedray.runtime.state_store import (
@@ -43,6 +43,7 @@ from fedray.runtime.state_store import (
     location_outside_run_dir,
     nodes_missing_location,
 )
+from fedray.runtime.user_code import user_callbacks
 from fedray.runtime.worker import build_algorithm
 from fedray.tracking import (
     Callback,
@@ -52,7 +53,6 @@ from fedray.tracking import (
     ProgressBar,
     RunContext,
     TensorBoardLogger,
-    config_callback_classes,
 )
 from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
@@ -110,7 +110,7 @@ def default_callbacks(config: RunConfig, progress: bool, on_ray: bool = True) ->
     if progress:
         callbacks.append(ProgressBar())
     callbacks.append(HealthMonitor())  # after the bar, which shows its warnings above itself
-    return callbacks + [cls() for cls in config_callback_classes(config)]  # output.callbacks, last
+    return callbacks + user_callbacks(config)  # output.callbacks, last, each isolated from the run
 
 
 def new_run_dir(config: RunConfig) -> Path:
@@ -166,6 +166,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     splits...)."""
     from fedray.algorithms.requirements import check_requirements
     from fedray.models.checks import check_model_output
+    from fedray.systems import check_systems
 
     check_synthetic_size(config)
     if data is None:
@@ -200,6 +201,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
             f"{data.info.describe()})"
         ) from None
     check_requirements(algorithm, model)
+    check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
     return data
 
 
@@ -345,6 +347,8 @@ def run_experiment(
     on_ray = placement is not None or warm is not None or uses_ray(config.resources, address)
     storage_sync = StorageSync(config.output.dir) if is_uri(config.output.dir) else None
     data = prepare_data(config, None if warm is None else warm.data)
+    # built before the run directory exists: a user callback whose __init__ raises leaves nothing behind
+    callbacks = (default_callbacks(config, progress, on_ray) if callbacks is None else callbacks) + list(extra_callbacks)
     if run_dir is None:
         run_dir, created_dirs = claim_new_run_dir(config)
     else:
@@ -373,7 +377,6 @@ def run_experiment(
     save_config(config, run_dir / SAVED_CONFIG_FILE)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
-    callbacks = (default_callbacks(config, progress, on_ray) if callbacks is None else callbacks) + list(extra_callbacks)
     if storage_sync is not None:
         callbacks.append(storage_sync)
     actor: Any = None  # the server actor (Ray backend)
@@ -405,6 +408,8 @@ def run_experiment(
             callback.on_run_end(run)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
+    except UserCodeError as error:  # raised in a worker or the server actor: Ray wraps it
+        raise innermost_cause(error).with_hint(_resume_hint(run, created)) from None
     except WorkerPoolError as error:  # raised in the server actor: Ray wraps it, the message is its cause's
         raise RunError(f"{first_line(getattr(error, 'cause', error))}; {_resume_hint(run, created)}") from None
     except RayActorError as error:  # the server actor itself (its node, or the process) died
@@ -529,10 +534,7 @@ def resume_experiment(run_dir: str | Path, **kwargs: Any) -> RunSummary:
     ``resumes.json`` (:mod:`fedray.runtime.resume`)."""
     run_dir = Path(run_dir)
     config = load_config(saved_config_path(run_dir))
-    if list_checkpoints(run_dir) and (run_dir / SUMMARY_FILE).is_file():
-        done = json.loads((run_dir / SUMMARY_FILE).read_text())
-        if done.get("rounds") == config.train.rounds:
-            raise ConfigError(f"{run_dir} already finished all {config.train.rounds} rounds")
+    check_unfinished(run_dir, config.train.rounds)
     checkpoint = load_latest_checkpoint(run_dir)
     if checkpoint is not None and "config" in checkpoint:
         changes = config_changes(checkpoint["config"], with_absolute_state_dir(config).to_dict())

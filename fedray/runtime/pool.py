@@ -55,14 +55,16 @@ class LocalPool:
 
     def __init__(self, config: RunConfig, data: FederatedDataset, run_dir: str) -> None:
         self.restarts = 0
-        self.workers: list[ClientWorker] = []
-        self.rng_states: list[torch.Tensor] = []
         use_gpu = config.resources.gpus_per_worker > 0
+        # the GPU's generator too (dropout on the GPU draws from it): each actor has its own
+        self.devices = [torch.cuda.current_device()] if use_gpu and torch.cuda.is_available() else []
+        self.workers: list[ClientWorker] = []
+        self.rng_states: list[list[torch.Tensor]] = []  # per worker: the CPU generator's state, then each GPU's
         for _ in range(config.resources.num_workers):
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=self.devices):
                 torch.manual_seed(NEW_PROCESS_TORCH_SEED)  # the worker's RNG starts where an actor's would
                 self.workers.append(ClientWorker(config.to_dict(), data, run_dir, use_gpu))
-                self.rng_states.append(torch.random.get_rng_state())
+                self.rng_states.append(self._rng_state())
 
     @property
     def size(self) -> int:
@@ -81,11 +83,17 @@ class LocalPool:
     def _call(self, index: int, method: str, args: tuple[Any, ...]) -> Any:
         """One worker call with that worker's RNG, on copies: an algorithm that edits the broadcast in
         place, or a result that shares memory with a worker's model, cannot reach the server's state."""
-        with torch.random.fork_rng(devices=[]):
-            torch.random.set_rng_state(self.rng_states[index])
+        with torch.random.fork_rng(devices=self.devices):
+            cpu_state, *gpu_states = self.rng_states[index]
+            torch.random.set_rng_state(cpu_state)
+            for device, state in zip(self.devices, gpu_states):
+                torch.cuda.set_rng_state(state, device)
             result = getattr(self.workers[index], method)(*copy.deepcopy(args))
-            self.rng_states[index] = torch.random.get_rng_state()
+            self.rng_states[index] = self._rng_state()
         return copy.deepcopy(result)
+
+    def _rng_state(self) -> list[torch.Tensor]:
+        return [torch.random.get_rng_state(), *(torch.cuda.get_rng_state(device) for device in self.devices)]
 
     def handles(self) -> list[Any]:
         return list(self.workers)

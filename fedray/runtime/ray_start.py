@@ -1,16 +1,14 @@
 """Ray for a run: check the address, join a cluster or start a local instance sized for the run, and
 stop it quickly at the end.
 
-This module does not import torch, so that the ``fedray`` command can begin a local Ray's start-up
-(:func:`start_local_ray_in_background`) as soon as the config's schema is valid, while the driver
-imports torch and the algorithms and prepares the data. :func:`ensure_ray` then finds the instance
-ready, or nearly: on 2 cores this overlaps about 2.5 s of the ~4 s Ray takes to start
-(``benchmarks/startup.py``).
+A run starts or joins Ray only after every check that needs no Ray has passed (the schema, the
+algorithm's keys, the data, the run directory, a resume's checkpoint): a bad input then fails in the
+seconds those checks take, without a Ray start (~4 s on 2 cores, and its processes competing with the
+checks for the cores) or its shutdown (``benchmarks/config_errors.py``).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
@@ -53,7 +51,7 @@ def check_address(address: str | None) -> None:
 
 def starts_local_ray(address: str | None) -> bool:
     """Whether a run given ``address`` starts its own local Ray (not a cluster's, not one already up)."""
-    return not (address or os.environ.get("RAY_ADDRESS") or ray.is_initialized() or _background is not None)
+    return not (address or os.environ.get("RAY_ADDRESS") or ray.is_initialized())
 
 
 def uses_ray(resources: ResourcesConfig, address: str | None) -> bool:
@@ -134,109 +132,6 @@ def local_ray_options(resources: ResourcesConfig) -> dict[str, Any]:
     }
 
 
-class _HoldRecords(logging.Filter):
-    """Holds back the log records one thread emits through Ray's handlers."""
-
-    def __init__(self, thread_id: int) -> None:
-        super().__init__()
-        self.thread_id = thread_id
-        self.records: list[logging.LogRecord] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.thread != self.thread_id:
-            return True
-        self.records.append(record)
-        return False
-
-
-class BackgroundStart:
-    """``ray.init`` of a new local Ray in a thread of its own, while the main thread goes on.
-
-    The thread lives as long as the instance: Ray ties each of its daemons to the driver with Linux's
-    ``PR_SET_PDEATHSIG``, which fires when the *thread* that started the daemon ends, so a thread
-    that returned after ``ray.init`` would take the instance down with it. What Ray logs meanwhile
-    is held back and printed by :meth:`join`, where a start in the main thread would have printed
-    it, or dropped by :meth:`abandon`, so that a bad input found during the start is still reported
-    as its one line.
-    """
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = options
-        self.seconds = 0.0  # how long ray.init took
-        self.error: BaseException | None = None
-        self._hold: _HoldRecords | None = None
-        self._started = threading.Event()
-        self._instance_gone = threading.Event()
-        self._thread = threading.Thread(target=self._own_instance, name="fedray-ray-start", daemon=True)
-        self._thread.start()
-
-    def _own_instance(self) -> None:
-        began = time.perf_counter()
-        self._hold = _HoldRecords(threading.get_ident())
-        for handler in logging.getLogger("ray").handlers:
-            handler.addFilter(self._hold)
-        try:
-            ray.init(**self.options)
-        except BaseException as error:  # handed to the main thread by join()
-            self.error = error
-        finally:
-            self.seconds = time.perf_counter() - began
-            self._started.set()
-        self._instance_gone.wait()
-
-    def _release_records(self) -> list[logging.LogRecord]:
-        self._started.wait()
-        for handler in logging.getLogger("ray").handlers:
-            handler.removeFilter(self._hold)
-        return self._hold.records
-
-    def join(self) -> float:
-        """Wait for the start and print what Ray logged; returns the seconds ``ray.init`` took."""
-        for record in self._release_records():
-            # Ray warns that it set no SIGTERM handler (not the main thread): the driver sets its own.
-            if not record.getMessage().startswith("SIGTERM handler is not set"):
-                logging.getLogger(record.name).handle(record)
-        if self.error is not None:
-            self._instance_gone.set()
-            raise self.error
-        return self.seconds
-
-    def abandon(self) -> None:
-        """Wait for the start, then stop the instance without printing what Ray logged."""
-        self._release_records()
-        if self.error is None:
-            shutdown_ray()
-        self._instance_gone.set()
-
-    def instance_gone(self) -> None:
-        """Let the thread end: the instance it started has been shut down."""
-        self._instance_gone.set()
-
-
-_background: BackgroundStart | None = None  # a start not yet joined by ensure_ray
-_owner: BackgroundStart | None = None  # the start whose thread owns the running instance
-
-
-def start_local_ray_in_background(config: RunConfig, address: str | None) -> None:
-    """Begin a new local Ray for ``config`` in the background if the run will start one (it runs on
-    Ray, :func:`uses_ray`, and there is no ``address``, no ``$RAY_ADDRESS``, no Ray already up). Its checks run first, so a bad address or
-    an impossible reservation fails before anything starts; :func:`ensure_ray` joins the start."""
-    global _background
-    check_address(address)
-    if not uses_ray(config.resources, address) or not starts_local_ray(address):
-        return
-    check_local_resources(config)
-    _background = BackgroundStart(local_ray_options(config.resources))
-
-
-def abandon_background_start() -> None:
-    """Stop a local Ray started in the background that no run has joined (the run failed first)."""
-    global _background
-    start, _background = _background, None
-    if start is not None:
-        start.abandon()
-
-
 def _probe(address: str) -> None:
     """Fail in seconds when nothing listens at a ``HOST:PORT`` address (ray.init would retry for minutes)."""
     match = _HOST_PORT.match(address)
@@ -259,18 +154,11 @@ def _interrupt_on_sigterm() -> None:
 
 
 def ensure_ray(address: str | None, config: RunConfig) -> float:
-    """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job), join the local Ray started
-    in the background for this run, or start a local Ray sized for it (:func:`local_ray_options`);
-    returns the seconds the start or connection took."""
-    global _background, _owner
+    """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job) or start a local Ray sized
+    for the run (:func:`local_ray_options`); returns the seconds the start or connection took."""
     started = time.perf_counter()
     address = address or os.environ.get("RAY_ADDRESS")
     try:
-        if _background is not None:
-            seconds = _background.join()  # if this raises (Ctrl-C included), abandon_background_start() stops it
-            _owner, _background = _background, None
-            _interrupt_on_sigterm()
-            return seconds
         if ray.is_initialized():
             return 0.0
         if address:
@@ -293,7 +181,6 @@ def shutdown_ray() -> None:
     killed first, which makes the shutdown about 1 s shorter. The monitor is found in Ray's private
     process table; without one (another Ray version) Ray's own shutdown does all.
     """
-    global _owner
     if not ray.is_initialized():
         return
     node = getattr(ray._private.worker, "_global_node", None)  # None when connected to a cluster
@@ -302,12 +189,3 @@ def shutdown_ray() -> None:
         info.process.kill()
         info.process.wait()
     ray.shutdown()
-    if _owner is not None:
-        _owner.instance_gone()
-        _owner = None
-
-
-@atexit.register
-def _stop_unjoined_start() -> None:
-    """A start nobody joined (a library caller's run failed first) is stopped before Ray's own exit hook runs."""
-    abandon_background_start()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.config import ConfigError
-from fedray.layout import RESUMES_FILE
+from fedray.layout import RESUMES_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.tracking import Callback, RunContext
 
 #: Keys (or, ending in ".", sections) a resume may change; ``train.rounds`` may only grow.
@@ -78,6 +78,16 @@ def config_changes(checkpoint_config: dict[str, Any], config: dict[str, Any]) ->
     before, after = _flatten(checkpoint_config), _flatten(config)
     keys = list(dict.fromkeys([*before, *after]))
     return [ConfigChange(key, before.get(key, _UNSET), after.get(key, _UNSET)) for key in keys if before.get(key, _UNSET) != after.get(key, _UNSET)]
+
+
+def check_unfinished(run_dir: str | Path, rounds: int) -> None:
+    """Refuse to resume a run that already finished its ``rounds`` (``train.rounds`` of its
+    ``config.yaml``): it has a checkpoint and a summary of that many rounds. Torch-free, so that
+    ``fedray run --resume`` refuses it before importing torch or starting Ray."""
+    run_dir = Path(run_dir)
+    summary = run_dir / SUMMARY_FILE
+    if list_checkpoints(run_dir) and summary.is_file() and json.loads(summary.read_text()).get("rounds") == rounds:
+        raise ConfigError(f"{run_dir} already finished all {rounds} rounds")
 
 
 def check_resumable(changes: list[ConfigChange], run_dir: Path, round: int) -> None:

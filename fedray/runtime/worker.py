@@ -24,6 +24,8 @@ from fedray.models import FedModel
 from fedray.runtime.reduction import PartialResult, tensors_to
 from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
+from fedray.runtime.upload_path import ClientUploadPath
+from fedray.runtime.user_code import call_algorithm
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class ClientWorker:
         self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
         self.mean_client_samples = float(np.mean(data.clients.sizes))
         self.models: dict[str, FedModel] = {}
+        self.upload_path = ClientUploadPath.for_run(self.config, self.algorithm, data.num_clients)  # None: privacy and robust off
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
 
     # ------------------------------------------------------------------ helpers
@@ -142,7 +145,9 @@ class ClientWorker:
         partial = PartialResult()
         for client_id, state_version, checkpoint_versions in tasks:
             ctx = self.client_context(round, client_id, state_version)
-            update = self.algorithm.client_update(ctx, broadcast)
+            update = call_algorithm(self.algorithm, "client_update", round, client_id, ctx, broadcast)
+            if self.upload_path is not None:
+                update = self.upload_path.apply(round, client_id, update, broadcast)
             if update.state is not None and not self.algorithm.keeps_client_state:
                 raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
             if partial.add(client_id, update) and update.state is not None:
@@ -150,11 +155,12 @@ class ClientWorker:
                 partial.stateful_clients.append(client_id)
         return partial.to_cpu()
 
-    def evaluate_global(self, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:
-        """Evaluation sums of the global model on test rows ``shard::num_shards``."""
+    def evaluate_global(self, round: int, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:
+        """Evaluation sums of the global model after ``round`` on test rows ``shard::num_shards``."""
         model = self.model_for(None)
-        return self.algorithm.evaluate_global(
-            model, tensors_to(broadcast, self.device), self.x_test[shard::num_shards], self.y_test[shard::num_shards]
+        return call_algorithm(
+            self.algorithm, "evaluate_global", round, None,
+            model, tensors_to(broadcast, self.device), self.x_test[shard::num_shards], self.y_test[shard::num_shards],
         )
 
     def evaluate_clients(
@@ -165,7 +171,7 @@ class ClientWorker:
         results = {}
         for client_id, state_version, _ in tasks:
             ctx = self.client_context(round, client_id, state_version)
-            results[client_id] = self.algorithm.evaluate_client(ctx, broadcast)
+            results[client_id] = call_algorithm(self.algorithm, "evaluate_client", round, client_id, ctx, broadcast)
         return results
 
     def evaluate_clients_on_test_set(
@@ -178,7 +184,7 @@ class ClientWorker:
         results = {}
         for client_id, state_version, _ in tasks:
             ctx = self.client_context(round, client_id, state_version)
-            results[client_id] = self.algorithm.evaluate_on_test_set(ctx, broadcast, train, test)
+            results[client_id] = call_algorithm(self.algorithm, "evaluate_on_test_set", round, client_id, ctx, broadcast, train, test)
         return results
 
     def pid(self) -> int:

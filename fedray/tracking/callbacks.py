@@ -3,11 +3,14 @@ so the round loop in :mod:`fedray.runtime.experiment` stays a loop.
 
 Users add their own with ``output.callbacks: [mylab.loggers:MyLogger]``: each entry is a
 :class:`Callback` subclass, built without arguments in the driver (it reads its settings from
-``run.config`` or the environment), or a built-in name of :data:`BUILTIN_CALLBACKS`.
+``run.config`` or the environment), or a built-in name of :data:`BUILTIN_CALLBACKS`. A user's callback
+only observes the run: one that raises is reported and switched off, and the run goes on
+(:class:`fedray.runtime.user_code.IsolatedCallback`).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +65,13 @@ def callback_class(reference: str, key: str = "output.callbacks") -> type[Callba
     value = import_reference(target, key)
     if not (isinstance(value, type) and issubclass(value, Callback)):
         raise ConfigError(f"invalid config:\n  {key}: {reference!r} is not a subclass of fedray.Callback (got {value!r})")
+    try:
+        inspect.signature(value).bind()
+    except TypeError as error:
+        raise ConfigError(
+            f"invalid config:\n  {key}: {reference!r} cannot be built without arguments ({error}); a callback "
+            "reads its settings from run.config or the environment"
+        ) from None
     return value
 
 

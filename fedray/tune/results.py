@@ -6,8 +6,9 @@ sweep with pandas/pyarrow and no Ray:
 - ``trials.parquet``: one row per trial (``trial_id``, ``status``, one column per swept key named by
   the key, ``round``, ``latest_metric``, ``best_metric``, ``best_round``, ``wall_time_s``, ``run_dir``,
   ``error``), rewritten whenever a trial appears, reports, changes status or ends. A trial that failed
-  on its config (:data:`CONFIG_ERROR` in its result, see :func:`fedray.tune.trainable.run_trial`) ends
-  at once, is never retried, and has ``status == "ERROR"`` with the config error's message;
+  deterministically (on its config, by diverging, in the user's code: :data:`CONFIG_ERROR` in its
+  result, see :func:`fedray.tune.trainable.run_trial`) ends at once, is never retried, and has
+  ``status == "ERROR"`` with the error's message;
 - ``rounds.parquet``: one row per trial per reported round (``trial_id``, ``round`` and every numeric
   metric of the engine's round row), rewritten whenever a trial reports;
 - ``meta.json``: the sweep's description and status (:func:`write_meta`, :func:`set_meta_status`).
@@ -38,7 +39,7 @@ from fedray.layout import (ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOP
 from fedray.tracking.metrics_file import write_parquet_atomically
 from fedray.tune.spec import Domain, SweepSpec, load_sweep
 
-#: The result key of a trial that failed on its config (its value: the error message).
+#: The result key of a trial that failed deterministically, e.g. on its config (its value: the error message).
 CONFIG_ERROR = "fedray_config_error"
 _TRIAL_COLUMNS = {
     "round": pa.int64(),

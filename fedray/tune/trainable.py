@@ -30,8 +30,10 @@ state at that round (the checkpoint file, the metrics (``metrics.parquet`` or ``
 that donor's round: its run directory is reset to the donor's state and the exploit is recorded in
 ``exploits.json`` (round, donor trial, new values).
 
-A trial that fails on its config (:class:`ConfigError`, e.g. data missing on the trial's node) reports
-the error as its only result and ends: a deterministic error is never retried.
+A trial that fails deterministically reports the error as its last result and ends, never retried
+(:data:`DETERMINISTIC_ERRORS`): on its config (:class:`ConfigError`, e.g. data missing on the trial's
+node), by diverging (:class:`TrainingDiverged`: every run of the trial's seeded config diverges in the
+same round), or in the user's code (:class:`UserCodeError`, seeded as well).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ray.util.placement_group import get_current_placement_group
 from fedray.config import ConfigError, RunConfig
 from fedray.layout import CHECKPOINTS_DIR, SUMMARY_FILE, list_checkpoints
 from fedray.runtime import run_experiment
+from fedray.runtime.errors import TrainingDiverged, UserCodeError
 from fedray.runtime.experiment import default_callbacks
 from fedray.tracking import Callback, MetricsParquet, RunContext, read_metrics
 from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
@@ -64,6 +67,8 @@ PLACEMENT_FILE = "placement.json"
 EXPLOITS_FILE = "exploits.json"
 CLIENT_STATE_DIR = "client_state"
 ENGINE_STATE_DIR = "engine"  # inside a Tune checkpoint: the engine state a PBT exploit clones
+#: Errors a retry of the trial would raise again: they end it at once (Tune's max_failures is for crashes).
+DETERMINISTIC_ERRORS = (ConfigError, TrainingDiverged, UserCodeError)
 
 
 def trial_bundles(config: RunConfig, driver_cpus: float) -> list[dict[str, float]]:
@@ -209,10 +214,10 @@ def _finished(run_dir: Path, config: RunConfig) -> bool:
 
 def run_trial(values: dict[str, Any], *, spec: SweepSpec, sweep_dir: str) -> None:
     """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``.
-    A :class:`ConfigError` ends the trial with the error as its result (see the module docstring)."""
+    A deterministic error ends the trial with the error as its result (see the module docstring)."""
     try:
         _run_trial(values, spec, Path(sweep_dir))
-    except ConfigError as error:
+    except DETERMINISTIC_ERRORS as error:
         tune.report({spec.metric: float("nan"), "round": 0, CONFIG_ERROR: str(error).removeprefix("invalid config:").strip()})
 
 

@@ -1,0 +1,152 @@
+"""The ``privacy`` and ``robust`` config sections: differential privacy of client uploads and robust
+aggregation (docs/guide/privacy.md). Both are off by default, and off a run computes exactly what it
+did without them.
+
+Symbols (DP-FedAvg, McMahan et al., ICLR 2018, Alg. 1) → keys: C (clipping bound S) →
+``privacy.clip``, z (noise multiplier; the noise on the sum has std z·C) → ``privacy.noise_multiplier``,
+(ε, δ) → ``privacy.target_epsilon`` / ``privacy.delta``, q (sampling probability) →
+``train.clients_per_round / data.num_clients`` (or ``privacy.noise_cohort_size /
+privacy.population_size``). Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
+trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from fedray.config.schema import RunConfig
+
+
+class _Section(BaseModel):
+    """As :class:`fedray.config.schema.Section` (unknown keys are errors, floats finite unless a field
+    allows ±inf); repeated here because that module imports this one."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, ser_json_inf_nan="constants")
+
+
+class PrivacyConfig(_Section):
+    """``privacy``: user-level differential privacy of every upload (weights, prototypes, ...)."""
+
+    mechanism: Literal["none", "central", "local"] = Field(
+        "none",
+        description="none; central: clip each client's update, Gaussian noise on the server's sum (DP-FedAvg); "
+        "local: clip and add Gaussian noise on each client before it uploads",
+    )
+    clip: float = Field(
+        1.0, gt=0, allow_inf_nan=True, description="L2 bound C of each client's update of each upload kind (.inf: no clipping)"
+    )
+    noise_multiplier: float | None = Field(
+        None, ge=0, description="z: the Gaussian noise has std z·C (None: calibrated from target_epsilon and train.rounds)"
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0, description="ε to reach after train.rounds (calibrates z) or, with noise_multiplier set, a budget the run stops at"
+    )
+    delta: float | None = Field(None, gt=0, lt=1, description="δ of the reported (ε, δ) (None: 1/population^1.1)")
+    allow_large_delta: bool = Field(False, description="accept δ ≥ 1/population (warned about in the log)")
+    accountant: Literal["rdp", "pld"] = Field("rdp", description="dp-accounting's Rényi DP or privacy-loss-distribution accountant")
+    sampling: Literal["poisson", "fixed_size"] = Field(
+        "poisson",
+        description="the sampling the accountant assumes: poisson (add/remove neighbours, as McMahan et al. and pfl) or "
+        "fixed_size (the cohort fedray draws; replace-one neighbours, so the sensitivity is 2C)",
+    )
+    population_size: int | None = Field(
+        None, gt=0, description="the population the accountant assumes (None: data.num_clients)"
+    )
+    noise_cohort_size: int | None = Field(
+        None,
+        gt=0,
+        description="calibrate the noise as if this many clients were sampled per round (pfl's noise_cohort_size): the "
+        "sum's noise std is z·C·clients_per_round/noise_cohort_size and q = noise_cohort_size/population",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"
+
+    @model_validator(mode="after")
+    def _noise_is_determined(self) -> "PrivacyConfig":
+        if self.mechanism == "none":
+            return self
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("privacy.mechanism needs privacy.noise_multiplier or privacy.target_epsilon")
+        if self.mechanism == "local" and self.noise_multiplier is None:
+            raise ValueError("privacy.mechanism=local needs privacy.noise_multiplier (each client's ε is reported, not targeted)")
+        if self.accountant == "pld" and self.sampling == "fixed_size":
+            raise ValueError("privacy.accountant=pld supports privacy.sampling=poisson only; use privacy.accountant=rdp for fixed_size")
+        if self.noise_multiplier is not None and self.noise_multiplier > 0 and math.isinf(self.clip):
+            raise ValueError("privacy.clip must be finite when privacy.noise_multiplier > 0 (the noise std is z·C)")
+        return self
+
+
+class RobustConfig(_Section):
+    """``robust``: a robust server rule for weighted-mean algorithms, and simulated attackers."""
+
+    rule: Literal["none", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
+        "none", description="none (the algorithm's weighted mean) or a rule over the clients' individual updates"
+    )
+    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: β, the share cut at each end per coordinate")
+    krum_f: int = Field(1, ge=0, description="krum/multi_krum: f, the number of Byzantine clients tolerated")
+    multi_krum_m: int | None = Field(None, gt=0, description="multi_krum: updates averaged (None: cohort − f)")
+    malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of the population that attacks (seeded)")
+    attack: Literal["sign_flip", "scaled", "random"] = Field(
+        "sign_flip",
+        description="what a malicious client uploads instead of its update Δ: sign_flip −s·Δ, scaled s·Δ, random a "
+        "Gaussian vector of norm s·‖Δ‖ (s = attack_scale)",
+    )
+    attack_scale: float = Field(4.0, gt=0, description="s of the attack")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rule != "none" or self.malicious_fraction > 0
+
+
+def population_size(config: RunConfig) -> int:
+    """The population N the accountant assumes: ``privacy.population_size`` or ``data.num_clients``."""
+    return config.privacy.population_size or config.data.num_clients
+
+
+def noise_cohort_size(config: RunConfig) -> int:
+    """The cohort the noise is calibrated for: ``privacy.noise_cohort_size`` or ``train.clients_per_round``."""
+    return config.privacy.noise_cohort_size or config.train.clients_per_round
+
+
+def default_delta(population: int) -> float:
+    """δ = 1/N^1.1 when ``privacy.delta`` is not given: below 1/N, as (ε, δ)-DP needs to mean anything."""
+    return population**-1.1
+
+
+def check_privacy_and_robust(config: RunConfig) -> None:
+    """The checks across sections (ValueError with one line): called by ``RunConfig``'s validator."""
+    privacy, robust, cohort = config.privacy, config.robust, config.train.clients_per_round
+    if privacy.enabled:
+        population = population_size(config)
+        if privacy.population_size is not None and privacy.population_size < config.data.num_clients:
+            raise ValueError(f"privacy.population_size ({population}) must be >= data.num_clients ({config.data.num_clients})")
+        if privacy.noise_cohort_size is not None and privacy.noise_cohort_size < cohort:
+            raise ValueError(
+                f"privacy.noise_cohort_size ({privacy.noise_cohort_size}) must be >= train.clients_per_round ({cohort}): "
+                "it calibrates the noise for a larger cohort than the one simulated"
+            )
+        if noise_cohort_size(config) > population:
+            raise ValueError(f"privacy.noise_cohort_size ({noise_cohort_size(config)}) must be <= the population ({population})")
+        if privacy.delta is not None and privacy.delta >= 1 / population and not privacy.allow_large_delta:
+            raise ValueError(
+                f"privacy.delta ({privacy.delta:g}) is >= 1/population (1/{population}): such a δ allows releasing a client's "
+                "data outright; lower it or set privacy.allow_large_delta=true"
+            )
+        if privacy.mechanism == "central" and robust.rule != "none":
+            raise ValueError(
+                f"robust.rule={robust.rule} needs each client's update, and privacy.mechanism=central noises only their sum; "
+                "use privacy.mechanism=local with a robust rule"
+            )
+    if robust.rule in ("krum", "multi_krum") and cohort < 2 * robust.krum_f + 3:
+        raise ValueError(
+            f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 2f + 3 "
+            f"= {2 * robust.krum_f + 3} (got {cohort})"
+        )
+    if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > cohort - robust.krum_f:
+        raise ValueError(f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})")

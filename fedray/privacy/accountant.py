@@ -1,0 +1,111 @@
+"""The privacy accountant: (ε, δ) of the rounds released so far, from Google's ``dp-accounting``.
+
+Why dp-accounting rather than Opacus's accountants: it is a small pure-Python library with no
+dependence on a training framework, it composes arbitrary DP events (Poisson and fixed-size
+sampling, the Gaussian mechanism, self-composition), and it offers both Rényi DP (Mironov 2017;
+Wang et al. 2019 for sampling without replacement) and privacy-loss-distribution accounting
+(``privacy.accountant: rdp | pld``) behind one interface, plus the calibration of a noise
+multiplier to a target ε. Opacus's accountants assume per-sample DP-SGD on its own engine.
+
+One round of central DP is one event: the Gaussian mechanism with noise multiplier z on a sampled
+cohort, q = M / N (M = ``privacy.noise_cohort_size`` or ``train.clients_per_round``, N =
+``privacy.population_size`` or ``data.num_clients``):
+
+- ``privacy.sampling: poisson``: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, add/remove
+  neighbours (McMahan et al., ICLR 2018, Thm. 1 with the moments accountant);
+- ``fixed_size``: ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``: the draw fedray
+  makes, whose neighbours replace one client, so the clipped sum moves by up to 2C.
+
+Every upload kind of a client passes the same clipping and noise, so the round is one release of
+everything a client reveals. Local DP: each participation of a client is ``GaussianDpEvent(z / 2)``
+(its clipped delta can be replaced by any other of norm ≤ C) without amplification by sampling,
+composed over that client's participations.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from functools import cache
+from typing import Iterator, Literal
+
+import dp_accounting
+from dp_accounting import pld, rdp
+
+AccountantName = Literal["rdp", "pld"]
+Sampling = Literal["poisson", "fixed_size"]
+
+
+def make_accountant(name: AccountantName, sampling: Sampling = "poisson") -> dp_accounting.PrivacyAccountant:
+    """A fresh dp-accounting accountant for ``name`` whose neighbouring relation suits ``sampling``."""
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE if sampling == "fixed_size" else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if name == "pld":
+        return pld.PLDAccountant(neighboring_relation=relation)
+    return rdp.RdpAccountant(neighboring_relation=relation)
+
+
+def central_round_event(noise_multiplier: float, population: int, cohort: int, sampling: Sampling) -> dp_accounting.DpEvent:
+    """One round of central DP (module docstring)."""
+    if sampling == "fixed_size":
+        return dp_accounting.SampledWithoutReplacementDpEvent(population, cohort, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
+    return dp_accounting.PoissonSampledDpEvent(cohort / population, dp_accounting.GaussianDpEvent(noise_multiplier))
+
+
+@contextmanager
+def _quiet_absl() -> Iterator[None]:
+    """dp-accounting logs a warning for every Rényi order whose series does not converge; that order
+    is left out, which only makes ε larger (safe), so the warnings are noise in a run's log."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def epsilon_of(event: dp_accounting.DpEvent, count: int, delta: float, name: AccountantName, sampling: Sampling = "poisson") -> float:
+    """ε of ``event`` composed ``count`` times, at ``delta``."""
+    if count == 0:
+        return 0.0
+    accountant = make_accountant(name, sampling)
+    with _quiet_absl():
+        accountant.compose(event, count)
+        return float(accountant.get_epsilon(delta))
+
+
+class CentralAccountant:
+    """ε after each round of central DP: ``epsilon(rounds)``, or the z that reaches a target ε."""
+
+    def __init__(self, name: AccountantName, sampling: Sampling, population: int, cohort: int, delta: float) -> None:
+        self.name, self.sampling, self.population, self.cohort, self.delta = name, sampling, population, cohort, delta
+
+    def event(self, noise_multiplier: float) -> dp_accounting.DpEvent:
+        return central_round_event(noise_multiplier, self.population, self.cohort, self.sampling)
+
+    def epsilon(self, noise_multiplier: float, rounds: int) -> float:
+        """ε after ``rounds`` rounds with noise multiplier z (inf for z = 0)."""
+        if rounds > 0 and noise_multiplier == 0:
+            return float("inf")
+        return epsilon_of(self.event(noise_multiplier), rounds, self.delta, self.name, self.sampling)
+
+    def noise_multiplier_for(self, target_epsilon: float, rounds: int) -> float:
+        """The smallest z (to dp-accounting's tolerance) whose ``rounds`` rounds spend at most ``target_epsilon``."""
+        with _quiet_absl():
+            return float(
+                dp_accounting.calibrate_dp_mechanism(
+                    lambda: make_accountant(self.name, self.sampling),
+                    lambda z: dp_accounting.SelfComposedDpEvent(self.event(z), rounds),
+                    target_epsilon,
+                    self.delta,
+                )
+            )
+
+
+@cache  # the same few (z, count) pairs recur every round
+def local_epsilon(noise_multiplier: float, participations: int, delta: float, name: AccountantName) -> float:
+    """One client's ε under local DP after ``participations`` releases (module docstring)."""
+    if participations > 0 and noise_multiplier == 0:
+        return float("inf")
+    # z / 2 carries the replace-one sensitivity 2C, so the accountant's own relation does not matter here
+    return epsilon_of(dp_accounting.GaussianDpEvent(noise_multiplier / 2), participations, delta, name)
