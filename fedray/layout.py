@@ -11,6 +11,7 @@ from pathlib import Path
 # A run directory (written by ``fedray run``, and by each trial of a sweep).
 SAVED_CONFIG_FILE = "config.yaml"  # the validated config the run started with
 SUMMARY_FILE = "summary.json"  # written when the run finishes
+RUN_INFO_FILE = "run_info.json"  # written when it starts: its algorithm and how it is evaluated ("personalised" or "global")
 PARTITION_PLOT = "partition.png"
 LEARNING_CURVE_PLOT = "learning_curve.png"
 CHECKPOINTS_DIR = "checkpoints"  # checkpoints/round_<round, 6 digits>.pt (fedray.runtime.checkpoint)

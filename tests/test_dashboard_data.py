@@ -31,6 +31,7 @@ from fedray.dashboard.data import (
     summarize_curve,
 )
 from fedray.tracking.metrics_file import write_table_atomically
+from fedray.runtime.experiment import write_run_info
 
 # ---------------------------------------------------------------------------------------------------
 # Writers of the contract's files (shared with tests/test_dashboard_browser.py)
@@ -70,7 +71,9 @@ def write_run_dir(run_dir: Path, overrides: list[str], accuracies: list[float], 
     """A fedray run directory in the real formats (config via ``save_config``, metrics via the engine's
     Parquet writer), with made-up metric values."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(load_config(None, overrides), run_dir / "config.yaml")
+    config = load_config(None, overrides)
+    save_config(config, run_dir / "config.yaml")
+    write_run_info(config, run_dir)
     rows = []
     for round, accuracy in enumerate(accuracies, start=1):
         rows.append({"scope": "round", "client_id": None, "round": round, "train_loss": 2.0 / round, "test_accuracy": accuracy,
@@ -394,7 +397,7 @@ def test_single_run_directory_is_one_trial(tmp_path):
     assert overview.kind == "run" and overview.swept_keys == []
     assert overview.trials == [{"trial_id": "fedavg-digits-1", "status": "TERMINATED", "round": 3, "latest_metric": 0.7, "best_metric": 0.8,
                                 "best_round": 2, "wall_time_s": 12.5, "run_dir": ".", "error": None, "metric_name": "test_accuracy",
-                                "label": "fedavg-digits-1"}]
+                                "evaluation": "global", "label": "fedavg-digits-1"}]
     assert data.run_view("fedavg-digits-1")["clients"]["num_clients"] == 3
 
 
@@ -408,6 +411,16 @@ def test_folder_of_runs_sweeps_over_the_keys_that_differ(tmp_path):
     assert [(t["trial_id"], t["status"], t["data.alpha"], t["best_metric"]) for t in overview.trials] == [("a", "TERMINATED", 0.1, 0.5), ("b", "RUNNING", 1.0, 0.9)]
     assert overview.best_trial == "b"
     assert data.curves(["a", "b"], "test_accuracy")["curves"]["a"] == {"round": [1, 2], "value": [0.4, 0.5]}
+
+
+def test_personalised_runs_are_marked_beside_global_ones(tmp_path):
+    """FedPer's test_accuracy is a global model with an untrained head: its row says it is personalised."""
+    write_run_dir(tmp_path / "a", ["algorithm.name=fedavg", "output.name=a"], [0.4, 0.5])
+    write_run_dir(tmp_path / "b", ["algorithm.name=fedper", "data.client_test_fraction=0.25", "eval.personalized=true", "output.name=b"], [0.1, 0.1])
+    trials = {t["trial_id"]: t for t in DashboardData(tmp_path).overview().trials}
+    assert (trials["a"]["evaluation"], trials["b"]["evaluation"]) == ("global", "personalised")
+    assert trials["a"]["label"].startswith("fedavg") and "(personalised)" not in trials["a"]["label"]
+    assert trials["b"]["label"].startswith("fedper (personalised)")
 
 
 def test_empty_missing_and_sweeps_folders_get_messages(tmp_path):

@@ -272,13 +272,15 @@ def test_model_init_is_made_absolute_and_other_keys_only_apply_to_external_model
 
 
 def test_every_personalised_algorithm_requires_per_client_test_splits():
-    from fedray.algorithms.requirements import BATCHNORM, FEATURE_TAPS, PERSONAL_TEST_SPLITS, PROJECTION_HEAD
+    from fedray.algorithms.requirements import BATCHNORM, FEATURE_TAPS, IMAGES, PERSONAL_TEST_SPLITS, PROJECTION_HEAD
 
     for name in ("fedper", "fedrep", "lg_fedavg", "ditto", "fedcosr", "local", "fedbn"):
         assert PERSONAL_TEST_SPLITS in get_algorithm_class(name).requires, name
     assert BATCHNORM in get_algorithm_class("fedbn").requires
     assert PROJECTION_HEAD in get_algorithm_class("moon").requires
     assert FEATURE_TAPS in get_algorithm_class("fedrcl").requires
+    for name in ("fedavg_byol", "fedema", "fedu", "hetero_ssfl"):
+        assert IMAGES in get_algorithm_class(name).requires, name
     assert get_algorithm_class("fedavg").requires == frozenset()
 
 
@@ -290,6 +292,8 @@ def test_every_personalised_algorithm_requires_per_client_test_splits():
     (["algorithm.name=fedrep"], "data.client_test_fraction / eval.personalized: fedrep needs per-client test splits"),
     (["algorithm.name=fedrcl", f"model.name={MODULE}:PlainCNN"],
      f"model.name: fedrcl needs intermediate feature maps (the model's tap_names) and model '{MODULE}:PlainCNN' has none"),
+    (["algorithm.name=fedavg_byol", "data.name=breast_cancer", "model.name=mlp", "data.num_clients=4", "train.clients_per_round=2"],
+     "data.name: fedavg_byol needs images (it trains on two augmented views of each) and data.name='breast_cancer' holds features"),
 ])
 def test_an_unmet_requirement_is_a_config_error_before_ray(user_module, overrides, message):
     with pytest.raises(ConfigError) as raised:

@@ -44,7 +44,7 @@ import yaml
 
 from fedray.config.schema import OutputConfig
 from fedray.layout import (ERROR, LEARNING_CURVE_PLOT, META_FILE, PARTITION_PLOT, PENDING, ROUNDS_FILE, RUNNING,
-                           SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE)
+                           RUN_INFO_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE)
 from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR, read_metrics_table
 
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
@@ -211,9 +211,13 @@ def key_symbols(keys: list[str]) -> dict[str, str]:
 
 def trial_label(values: dict[str, Any], keys: list[str]) -> str:
     """A trial named by its swept values: ``fedsc τ=0.1 M=3 α=0.5`` (the algorithm's name bare and first,
-    keys that do not apply to the trial, i.e. None, left out)."""
+    keys that do not apply to the trial, i.e. None, left out), marked ``(personalised)`` when its
+    results are each client's own model (``evaluation`` from ``run_info.json``), so that it never
+    reads as a global model beside one."""
     names = key_symbols(keys)
     parts = [format_value(values[ALGORITHM_KEY])] if values.get(ALGORITHM_KEY) is not None and ALGORITHM_KEY in keys else []
+    if values.get("evaluation") == "personalised":
+        parts.append("(personalised)")
     parts += [f"{names[key]}={format_value(values.get(key))}" for key in keys if key != ALGORITHM_KEY and values.get(key) is not None]
     return " ".join(parts)
 
@@ -619,6 +623,11 @@ class DashboardData:
             **fields,
         )
 
+    def _evaluation(self, run_dir: Path | None, messages: list[Message]) -> str | None:
+        """``personalised`` or ``global`` (``run_info.json``); None for a run from before that file."""
+        info = self.cache.read(run_dir / RUN_INFO_FILE, read_json_object, messages) if run_dir is not None else None
+        return (info or {}).get("evaluation")
+
     def _sweep_overview(self, version: str) -> Overview:
         messages: list[Message] = []
         meta = self.cache.read(self.root / META_FILE, read_json_object, messages) or {}
@@ -661,6 +670,7 @@ class DashboardData:
         probed = set(self._rounds.loc[self._rounds["probe_accuracy"].notna(), "trial_id"]) if "probe_accuracy" in self._rounds.columns else set()
         for trial in trials:
             trial["metric_name"] = metric_name(metric, {"probe_accuracy"} if trial["trial_id"] in probed else set())
+            trial["evaluation"] = self._evaluation(self.trial_run_dir(trial["trial_id"], trials), messages)
 
         status = meta.get("status")
         if "seconds" in self._rounds.columns:
@@ -729,6 +739,7 @@ class DashboardData:
                 "run_dir": str(run_dir.relative_to(self.root)),
                 "error": error,
                 "metric_name": metric_name(metric, reported),
+                "evaluation": self._evaluation(run_dir, messages),
             })
             configs.append(config)
         swept_keys = differing_keys(configs) if kind == "runs" else []

@@ -22,10 +22,11 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placemen
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fedray.algorithms import algorithm_label, get_algorithm_class
+from fedray.algorithms.requirements import is_personalised
 from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.data import FederatedDataset, build_federated_dataset
-from fedray.layout import SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
+from fedray.layout import RUN_INFO_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, UserCodeError, first_line, innermost_cause
@@ -375,6 +376,7 @@ def run_experiment(
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / SAVED_CONFIG_FILE)
+    write_run_info(config, run_dir)
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
     if storage_sync is not None:
@@ -457,6 +459,16 @@ def start_server(
     if warm is not None:
         warm.server = actor
     return actor, workers
+
+
+def write_run_info(config: RunConfig, run_dir: Path) -> None:
+    """``run_info.json``: the algorithm's label and whether its results are personalised (each client's
+    own model on its held-out split), for readers that must not import the algorithms (the dashboard
+    marks personalised rows beside global ones)."""
+    algorithm = get_algorithm_class(config.algorithm.name)
+    evaluation = "personalised" if is_personalised(algorithm) else "global"
+    info = {"algorithm": algorithm_label(config.algorithm.name), "evaluation": evaluation}
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps(info, indent=2))
 
 
 def check_round(config: RunConfig, row: dict[str, Any]) -> None:

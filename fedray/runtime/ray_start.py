@@ -34,6 +34,7 @@ IDLE_WORKER_LIFETIME_MS = 60_000
 # The module of the server and worker actors (fedray.runtime.server, not imported here: it needs torch).
 ACTOR_MODULE = "fedray.runtime.server"
 _HOST_PORT = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_run_node: Any = None  # Ray's node object of the local instance ensure_ray started for a run (None: none)
 
 
 def check_address(address: str | None) -> None:
@@ -156,6 +157,7 @@ def _interrupt_on_sigterm() -> None:
 def ensure_ray(address: str | None, config: RunConfig) -> float:
     """Connect to ``address`` (or ``$RAY_ADDRESS``, set inside a Ray job) or start a local Ray sized
     for the run (:func:`local_ray_options`); returns the seconds the start or connection took."""
+    global _run_node
     started = time.perf_counter()
     address = address or os.environ.get("RAY_ADDRESS")
     try:
@@ -166,10 +168,18 @@ def ensure_ray(address: str | None, config: RunConfig) -> float:
             ray.init(address=address, log_to_driver=True)
         else:
             ray.init(**local_ray_options(config.resources))
+            _run_node = ray._private.worker._global_node
     except (ConnectionError, TimeoutError) as error:  # e.g. --address auto with no cluster running
         raise RunError(f"cannot connect to Ray at {address or 'a new local instance'}: {first_line(error)}") from None
     _interrupt_on_sigterm()
     return time.perf_counter() - started
+
+
+def is_local_ray_of_a_run() -> bool:
+    """Whether this process is connected to the local Ray that :func:`ensure_ray` started for a run,
+    which a library caller's :func:`~fedray.runtime.run_experiment` leaves up for the next run: sized
+    for that run, with every process's output copied to this one."""
+    return _run_node is not None and ray.is_initialized() and ray._private.worker._global_node is _run_node
 
 
 def shutdown_ray() -> None:
@@ -181,6 +191,7 @@ def shutdown_ray() -> None:
     killed first, which makes the shutdown about 1 s shorter. The monitor is found in Ray's private
     process table; without one (another Ray version) Ray's own shutdown does all.
     """
+    global _run_node
     if not ray.is_initialized():
         return
     node = getattr(ray._private.worker, "_global_node", None)  # None when connected to a cluster
@@ -189,3 +200,4 @@ def shutdown_ray() -> None:
         info.process.kill()
         info.process.wait()
     ray.shutdown()
+    _run_node = None

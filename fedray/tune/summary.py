@@ -50,13 +50,22 @@ def top_trials_table(sweep_dir: Path, count: int = 5) -> str:
     return shown.to_string(index=False)
 
 
+def best_trial(sweep_dir: Path) -> pd.Series | None:
+    """The best trial's row of ``trials.parquet`` (see :func:`ranked_trials`), or None when no trial
+    that did not error has reported a value of the sweep's metric."""
+    trials_file = sweep_dir / TRIALS_FILE
+    if not trials_file.is_file():
+        return None
+    ranked = ranked_trials(read_table(trials_file), read_meta(sweep_dir)["mode"])
+    return None if ranked.empty else ranked.iloc[0]
+
+
 def best_trial_lines(sweep_dir: Path) -> list[str]:
     """The best trial's swept values and where its full config is."""
     meta = read_meta(sweep_dir)
-    ranked = ranked_trials(read_table(sweep_dir / TRIALS_FILE), meta["mode"])
-    if ranked.empty:
+    best = best_trial(sweep_dir)
+    if best is None:
         return ["no trial reported a result"]
-    best = ranked.iloc[0]
     lines = [
         f"best trial         {best['trial_id']} ({meta['metric']} {format_metric(meta['metric'], best['best_metric'])} "
         f"at round {int(best['best_round'])})"

@@ -28,13 +28,15 @@ import ray
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from fedray.config import ConfigError
-from fedray.plugins import check_ray_imports, job_runtime_env, user_module_paths
+from fedray.config import ConfigError, RunConfig
+from fedray.plugins import check_ray_imports, job_runtime_env, load_config, user_module_paths
+from fedray.runtime.ray_start import is_local_ray_of_a_run, shutdown_ray
 from fedray.tune.progress import SweepProgress
-from fedray.layout import ERROR, META_FILE, PENDING, RUNNING, SWEEP_FILE, TRIALS_FILE
-from fedray.tune.results import SweepResults, set_meta_status, write_meta
+from fedray.layout import ERROR, META_FILE, PENDING, RUNNING, SAVED_CONFIG_FILE, SWEEP_FILE, TRIALS_FILE
+from fedray.tune.results import SweepResults, read_table, set_meta_status, write_meta
 from fedray.tune.schedulers import SchedulerState, make_scheduler
 from fedray.tune.spec import SweepSpec, load_sweep, trial_cpus
+from fedray.tune.summary import best_trial
 from fedray.tune.trainable import run_trial, trial_resources
 from fedray.tune.trust import TuneStateRecorder, record_tune_state, verify_tune_state
 
@@ -43,10 +45,33 @@ TUNE_DIR = "tune"
 
 @dataclass
 class SweepOutcome:
+    """What :func:`run_sweep` and :func:`resume_sweep` return: how the sweep ended and, read from the
+    sweep directory's files when asked for, its trials, its best trial and that trial's config."""
+
     sweep_dir: Path
     status: str  # meta.json's final status: "finished", or "failed" (interrupted, or every trial failed)
     num_errors: int  # trials that failed past max_failures, or on their config
     num_unfinished: int  # trials left PENDING/RUNNING by an interruption (continue with resume_sweep)
+
+    @property
+    def trials(self) -> pd.DataFrame:
+        """``trials.parquet``: one row per trial (``trial_id``, ``status``, a column per swept key,
+        ``best_metric``, ``best_round``, ``run_dir``, ``error``...; docs/tune.md)."""
+        trials_file = self.sweep_dir / TRIALS_FILE
+        return read_table(trials_file) if trials_file.is_file() else pd.DataFrame()
+
+    @property
+    def best_trial(self) -> pd.Series | None:
+        """The best trial's row of :attr:`trials` by the sweep's metric (errored trials are never
+        ranked), the one ``fedray tune`` prints; None when no trial reported a value."""
+        return best_trial(self.sweep_dir)
+
+    @property
+    def best_config(self) -> RunConfig | None:
+        """The best trial's complete run config (its ``config.yaml``), e.g. to run it again with more
+        rounds: ``fedray.run_experiment(outcome.best_config)``; None when there is no best trial."""
+        best = self.best_trial
+        return None if best is None else load_config(self.sweep_dir / best["run_dir"] / SAVED_CONFIG_FILE)
 
 
 def new_sweep_dir(spec: SweepSpec) -> Path:
@@ -83,7 +108,11 @@ def connect_ray(address: str | None, spec: SweepSpec, verbose: bool) -> tuple[bo
     """Connect to ``address``, or start a local Ray with room for at least one trial. Returns whether
     this call started the connection and the Ray dashboard's URL (None when Ray was already up).
     Quiet (not ``verbose``): the trials' output is not copied to this terminal (their errors are in
-    ``trials.parquet``) and Ray logs warnings only."""
+    ``trials.parquet``) and Ray logs warnings only. The local Ray a run started in this process (a
+    notebook's ``run_experiment``) is stopped first: it would copy the trials' output here, and it
+    is sized for that run."""
+    if is_local_ray_of_a_run():
+        shutdown_ray()
     if ray.is_initialized():
         return False, None
     output = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}

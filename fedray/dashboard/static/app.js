@@ -11,6 +11,7 @@ const FIXED_COLUMNS_BEFORE = [
 ];
 const FIXED_COLUMNS_AFTER = [
   { key: "metric_name", label: "quantity", cls: "text", onlyIfMixed: true },
+  { key: "evaluation", label: "evaluation", cls: "text", onlyIfMixedEvaluation: true },
   { key: "round", label: "round" },
   { key: "latest_metric", label: "latest" },
   { key: "best_metric", label: "best" },
@@ -150,8 +151,9 @@ function renderMessages(container, messages) {
 
 function columns(ov) {
   const mixed = new Set(ov.trials.map((t) => t.metric_name)).size > 1;
+  const mixedEvaluation = new Set(ov.trials.map((t) => t.evaluation || "global")).size > 1;  // personalised beside global
   const errors = ov.trials.some((t) => t.error);
-  const after = FIXED_COLUMNS_AFTER.filter((c) => (!c.onlyIfMixed || mixed) && (!c.onlyIfErrors || errors));
+  const after = FIXED_COLUMNS_AFTER.filter((c) => (!c.onlyIfMixed || mixed) && (!c.onlyIfMixedEvaluation || mixedEvaluation) && (!c.onlyIfErrors || errors));
   return [...FIXED_COLUMNS_BEFORE, ...ov.swept_keys.map((k) => ({ key: k, label: keyName(k), swept: true })), ...after];
 }
 
