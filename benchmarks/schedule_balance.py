@@ -18,7 +18,8 @@ import numpy as np
 from fedray import load_config
 from fedray.config import RunConfig
 from fedray.data import build_federated_dataset
-from fedray.runtime.scheduler import assign_clients, client_forward_flops
+from fedray.algorithms.costs import client_forward_flops
+from fedray.runtime.scheduler import assign_clients
 from fedray.runtime.worker import build_algorithm
 from fedray.seeding import sample_cohort
 

@@ -17,8 +17,10 @@ import fedray
 
 # The user's own package `mylab/` sits in examples/plugins/. In a notebook started in that directory
 # this line is not needed: fedray also looks in the current directory. Ray's workers need nothing:
-# fedray ships the module to them.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "plugins"))
+# fedray ships the module to them. Jupyter defines no __file__: there, this file's directory is the
+# notebook's working directory.
+here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(here / "plugins"))
 
 # %% One base config; the two runs differ only in the algorithm.
 base = {

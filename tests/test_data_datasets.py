@@ -179,6 +179,23 @@ def test_not_gzip_despite_suffix_is_config_error(tmp_path: Path, no_system_copy:
         load_dataset(DataConfig(name="mnist", root=str(tmp_path)), seed=0)
 
 
+def test_a_label_out_of_range_in_an_idx_file_is_one_line_exit_2_before_ray(tmp_path: Path) -> None:
+    """Issue 42: a label file with 205 among MNIST's 10 classes failed in the first round with
+    ``IndexError: Target 205 is out of bounds``; it is refused when the file is read, naming it."""
+    from test_bad_inputs import assert_rejected, run_fedray
+
+    write_mnist_files(tmp_path / "mnist")
+    bad = tmp_path / "mnist" / "t10k-labels-idx1-ubyte"
+    write_idx(bad, np.array([9, 205, 6]))
+    with pytest.raises(ConfigError) as error:
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path / "mnist")), seed=0)
+    assert str(error.value) == f"data.name=mnist: {bad}: label 205 is out of range for 10 classes (labels must be 0..9)"
+    result = run_fedray(["run", "--quiet", "--set", "data.name=mnist", "--set", f"data.root={tmp_path / 'mnist'}", "--set", "data.num_clients=2",
+                         "--set", "train.clients_per_round=2", "--set", f"output.dir={tmp_path / 'runs'}"], tmp_path)
+    assert_rejected(result, f"{bad}: label 205 is out of range for 10 classes")
+    assert "Started a local Ray instance" not in result.stderr and not (tmp_path / "runs").exists()
+
+
 def test_images_and_labels_of_different_length_is_config_error(
     tmp_path: Path, no_system_copy: None
 ) -> None:

@@ -137,6 +137,32 @@ def test_parquet_image_column_is_decoded_and_cached(tmp_path: Path) -> None:
     assert len(list((tmp_path / "data" / "cache").glob("table-images-*.npz"))) == 1
 
 
+def test_a_hugging_face_dataset_saved_to_disk_reads_as_a_table(tmp_path: Path) -> None:
+    """A ``DatasetDict`` saved with ``save_to_disk``: its Image feature decoded, its ClassLabel as labels,
+    a client column for the natural partition; shuffled first, so its indices mapping must apply."""
+    datasets = pytest.importorskip("datasets")
+    labels = [0, 1, 1, 0, 2, 2, 1, 0]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"]), "site": datasets.Value("string")})
+    train = datasets.Dataset.from_dict(
+        {"image": [colour_image(label, i, size=5) for i, label in enumerate(labels)], "label": labels,
+         "site": [f"site-{i % 2}" for i in range(len(labels))]}, features=features,
+    ).shuffle(seed=1)
+    test = datasets.Dataset.from_dict({"image": [colour_image(2, 9, size=5)], "label": [2], "site": ["site-0"]}, features=features)
+    datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "saved"))
+    cfg = DataConfig(name="table", path=str(tmp_path / "saved"), image_column="image", client_column="site",
+                     partition="natural", num_clients=2, root=str(tmp_path / "data"))
+    data = build_federated_dataset(cfg, seed=0)
+    assert data.train.x.shape == (8, 3, 5, 5) and data.test.x.shape == (1, 3, 5, 5)
+    # each row's image still carries its own label and index after the shuffle
+    assert sorted(zip(data.train.x[:, 1, 0, 0].tolist(), data.train.y.tolist())) == sorted((10 * i, label) for i, label in enumerate(labels))
+    assert data.test.y.tolist() == [2] and data.client_names == ("site-0", "site-1")
+    assert sorted(data.clients.sizes.tolist()) == [4, 4]
+    single = tmp_path / "single"
+    datasets.Dataset.from_dict({"x1": [0.5, 1.5, 2.5, 3.5], "x2": [1.0, 0.0, 1.0, 0.0], "label": [0, 1, 0, 1]}).save_to_disk(str(single))
+    train_x, _, info = load_dataset(DataConfig(name="table", path=str(single), test_fraction=0.25, num_clients=1, partition="iid"), seed=0)
+    assert info.modality == "features" and train_x.x.shape == (3, 2)
+
+
 def test_parquet_token_lists_and_text_sequences(tmp_path: Path) -> None:
     pq.write_table(pa.table({"seq": [[5, 6, 7], [8], [9, 9]], "label": [0, 1, 0]}), tmp_path / "ids.parquet")
     cfg = DataConfig(name="table", path=str(tmp_path / "ids.parquet"), sequence_column="seq", num_clients=1,

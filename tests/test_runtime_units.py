@@ -19,7 +19,8 @@ from fedray.data import build_federated_dataset
 from fedray.runtime import TrainingDiverged
 from fedray.runtime.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.scheduler import assign_clients, client_forward_flops
+from fedray.algorithms.costs import client_forward_flops
+from fedray.runtime.scheduler import assign_clients
 from fedray.seeding import derive_seed, sample_cohort, seed_client
 from fedray.runtime.state_store import NO_STATE, ClientStateStore
 from fedray.runtime.worker import build_algorithm

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from ray.job_submission import JobDetails, JobStatus
@@ -15,8 +21,13 @@ from fedray.cluster import jobs
 from fedray.config import ConfigError
 from fedray import load_config
 from fedray.runtime.checkpoint import save_checkpoint
+from fedray.runtime import list_checkpoints
 from fedray.runtime.experiment import new_run_dir
+from fedray.runtime.resume import SUBMIT_ADDRESS_VARIABLE, resume_command
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeJobClient:
@@ -88,8 +99,10 @@ def test_submit_uploads_the_working_dir_and_prints_the_job_id(fake_cluster, caps
     assert shlex.split(job["entrypoint"]) == ["fedray", "run", "configs/run.yaml", "--set", "output.dir=/shared/runs"]
     assert job["runtime_env"]["working_dir"] == "work"
     assert {".git", "runs"} <= set(job["runtime_env"]["excludes"])
-    assert job["runtime_env"]["env_vars"] == {"PYTHONUNBUFFERED": "1"}
-    assert "submitted job raysubmit_fake" in capsys.readouterr().out
+    assert job["runtime_env"]["env_vars"] == {"PYTHONUNBUFFERED": "1", "FEDRAY_SUBMIT_ADDRESS": "http://127.0.0.1:8265"}
+    out = capsys.readouterr().out
+    assert "submitted job raysubmit_fake" in out
+    assert "follow it with: fedray jobs logs raysubmit_fake --follow --address http://127.0.0.1:8265" in out
 
 
 def test_submit_passes_a_sweep_through_to_fedray_tune(fake_cluster):
@@ -138,6 +151,31 @@ def test_an_unknown_fedray_command_is_an_argument_error(fake_cluster):
 def test_a_relative_output_dir_draws_a_warning(fake_cluster, capsys):
     assert submit("--", "run", "work/configs/run.yaml") == 0
     assert "output.dir" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_submitted_run_that_stops_suggests_resubmitting_its_resume(tmp_path):
+    """A run in a submitted job (``fedray submit`` sets FEDRAY_SUBMIT_ADDRESS) that is interrupted after
+    a checkpoint suggests continuing it with `fedray submit --address ... -- run --resume` and the run
+    directory's absolute path on the head node, not a `fedray run --resume` on the user's machine."""
+    overrides = ["train.rounds=1000", "checkpoint.every=1", "resources.num_workers=1", "data.num_clients=4",
+                 "train.clients_per_round=2", "output.tensorboard=false", "output.plots=false", "output.name=run"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "FEDRAY_SUBMIT_ADDRESS": "http://head:8265"}
+    process = subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "run", "--quiet", *[a for o in overrides for a in ("--set", o)]],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(tmp_path / "runs" / "run") and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    run_dir = (tmp_path / "runs" / "run").absolute()
+    assert re.search(rf"with `fedray submit --address http://head:8265 -- run --resume {re.escape(str(run_dir))}`$", stderr.strip()), stderr
+
+
+def test_outside_a_submitted_job_the_resume_is_a_local_command(monkeypatch):
+    monkeypatch.delenv(SUBMIT_ADDRESS_VARIABLE, raising=False)
+    assert resume_command("runs/my run") == "fedray run --resume 'runs/my run'"
 
 
 # ---------------------------------------------------------------- address and authentication

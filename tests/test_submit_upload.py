@@ -47,3 +47,26 @@ def test_links_leaving_the_folder_loops_and_default_excludes_are_not_uploaded(wo
     assert uploaded == ["configs/run.yaml", "configs/same.yaml", "fedray/data/loader.py"]
     assert b"secret" not in contents
     assert (plan.files, plan.bytes) == (3, uploaded_bytes)  # the printed upload size is what Ray packs
+
+
+def test_a_link_to_a_file_the_upload_rules_leave_out_is_not_uploaded(working_dir, tmp_path):
+    """Issue 42: ``configs/creds -> ../.env`` stays inside the working directory, but Ray packs a file
+    link's target under the link's name, so it shipped ``.env``; likewise a link into ``data/`` or to a
+    file a ``.gitignore`` names."""
+    (working_dir / ".gitignore").write_text("secrets.txt\n")
+    (working_dir / "secrets.txt").write_text("token=secret\n")
+    (working_dir / "configs" / "creds").symlink_to(Path("..") / ".env")
+    (working_dir / "configs" / "token").symlink_to(working_dir / "secrets.txt")
+    (working_dir / "configs" / "dataset.bin").symlink_to(working_dir / "data" / "cifar.bin")
+    plan = plan_upload(working_dir)
+    reasons = dict(plan.skipped_links)
+    assert reasons["configs/creds"] == "points at .env, which the upload rules leave out"
+    assert reasons["configs/token"] == "points at secrets.txt, which the upload rules leave out"
+    assert reasons["configs/dataset.bin"] == "points at data/cifar.bin, which the upload rules leave out"
+    package = tmp_path / "package.zip"
+    create_package(str(working_dir), package, include_gitignore=True, excludes=plan.excludes)  # what Ray uploads
+    with zipfile.ZipFile(package) as archive:
+        uploaded = sorted(name for name in archive.namelist() if not name.endswith("/"))
+        contents = b"".join(archive.read(name) for name in uploaded)
+    assert uploaded == [".gitignore", "configs/run.yaml", "configs/same.yaml", "fedray/data/loader.py"]
+    assert b"AWS_SECRET" not in contents and b"token=secret" not in contents

@@ -12,6 +12,7 @@ See :mod:`fedray.cluster.jobs` and cluster/README.md.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,17 +88,18 @@ def submit_command(args: argparse.Namespace) -> int:
         print(f"fedray: warning: not uploading the link {path}: {reason}", file=sys.stderr)
     print(f"uploading {args.working_dir}: {plan.files} files, {plan.bytes / 1e6:.1f} MB "
           f"(left out: {', '.join(jobs.DEFAULT_EXCLUDES)}, .gitignore/.rayignore entries, --exclude)", flush=True)
+    address = jobs.resolve_address(args.address)
     try:
-        client = jobs.connect(args.address)
-        job_id = jobs.submit(client, entrypoint, args.working_dir, plan)
+        client = jobs.connect(address)
+        job_id = jobs.submit(client, address, entrypoint, args.working_dir, plan)
     except RuntimeError as error:  # jobs.JobError, or the job server refusing the request
         print(f"fedray: {error}", file=sys.stderr)
         return 1
     print(f"submitted job {job_id}: {entrypoint}", flush=True)
     if not args.follow:
-        print(f"follow it with: fedray jobs logs {job_id} --follow")
+        print(f"follow it with: {jobs_command_line('logs', job_id, '--follow', address=address)}")
         return 0
-    return _follow(client, job_id)
+    return _follow(client, job_id, address)
 
 
 def jobs_command(args: argparse.Namespace) -> int:
@@ -109,7 +111,7 @@ def jobs_command(args: argparse.Namespace) -> int:
             print(jobs.format_jobs(client.list_jobs()))
         elif args.action == "logs":
             if args.follow:
-                return _follow(client, args.job_id)
+                return _follow(client, args.job_id, jobs.resolve_address(args.address))
             print(client.get_job_logs(args.job_id), end="")
         elif args.action == "stop":
             stopped = client.stop_job(args.job_id)
@@ -120,16 +122,22 @@ def jobs_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(client: "JobSubmissionClient", job_id: str) -> int:
+def jobs_command_line(action: str, job_id: str, *options: str, address: str) -> str:
+    """``fedray jobs ACTION JOB_ID [OPTIONS] --address ADDRESS``, for a hint to copy and run."""
+    return shlex.join(["fedray", "jobs", action, job_id, *options, "--address", address])
+
+
+def _follow(client: "JobSubmissionClient", job_id: str, address: str) -> int:
     from fedray.cluster import jobs
 
     try:
         status = jobs.follow_logs(client, job_id)
     except KeyboardInterrupt:
-        print(f"\nfedray: stopped following; job {job_id} keeps running (`fedray jobs stop {job_id}` stops it)", file=sys.stderr)
+        print(f"\nfedray: stopped following; job {job_id} keeps running (`{jobs_command_line('stop', job_id, address=address)}` "
+              "stops it)", file=sys.stderr)
         return 130
     except RuntimeError as error:  # the log stream broke off (head node lost, network)
-        print(f"fedray: {error}; `fedray jobs logs {job_id}` shows the job's logs so far", file=sys.stderr)
+        print(f"fedray: {error}; `{jobs_command_line('logs', job_id, address=address)}` shows the job's logs so far", file=sys.stderr)
         return 1
     print(f"job {job_id}: {status.value}", file=sys.stderr)
     return jobs.exit_code(status)

@@ -27,6 +27,9 @@ from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
 from fedray.config import ConfigError
 
+#: Set by ``fedray submit`` in the jobs it submits: the job server's URL, which the commands that a
+#: job's messages suggest need (its user reads them on their own machine).
+SUBMIT_ADDRESS_VARIABLE = "FEDRAY_SUBMIT_ADDRESS"
 ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own, in its order of precedence
 # Left out of every upload: never useful to a job, often large or secret. data/, sweeps/ and runs/ only at
 # the top (fedray's own package has a data/ folder); pass data on shared storage or as a URI instead.
@@ -34,6 +37,9 @@ DEFAULT_EXCLUDES = [".git", "runs", "/data/", "/sweeps/", ".env", ".env.*", "__p
 CONFIG_SUFFIXES = (".yaml", ".yml")
 JOB_ENV_VARS = {"PYTHONUNBUFFERED": "1"}  # the job's output reaches the logs as it is printed
 FEDRAY_METADATA = {"submitted_by": "fedray"}
+# The job server's answer (HTTP 500) when the head node's dashboard agent, which runs the jobs, is not up.
+NO_AGENT = "No available agent to submit job"
+DEFAULT_AGENT_PORT = 52365  # Ray's default --dashboard-agent-listen-port
 
 
 class JobError(RuntimeError):
@@ -219,15 +225,28 @@ def _left_out(path: Path, root: Path, excludes: list[str]) -> bool:
     return False
 
 
-def submit(client: JobSubmissionClient, entrypoint: str, working_dir: Path, plan: UploadPlan) -> str:
-    """Submit ``entrypoint`` (see :func:`job_entrypoint`) with ``working_dir`` uploaded as the job's
-    working directory as ``plan`` (:func:`plan_upload`) says; returns the job id."""
+def submit(client: JobSubmissionClient, address: str, entrypoint: str, working_dir: Path, plan: UploadPlan) -> str:
+    """Submit ``entrypoint`` (see :func:`job_entrypoint`) to the job server at ``address`` (``client``'s)
+    with ``working_dir`` uploaded as the job's working directory as ``plan`` (:func:`plan_upload`) says;
+    returns the job id. The job knows ``address``, for the commands its messages suggest
+    (:func:`fedray.runtime.resume.resume_command`)."""
     runtime_env = {
         "working_dir": str(working_dir),
         "excludes": list(plan.excludes),
-        "env_vars": dict(JOB_ENV_VARS),
+        "env_vars": {**JOB_ENV_VARS, SUBMIT_ADDRESS_VARIABLE: address},
     }
-    return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=dict(FEDRAY_METADATA))
+    try:
+        return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=dict(FEDRAY_METADATA))
+    except RuntimeError as error:
+        if NO_AGENT in str(error):
+            raise JobError(
+                f"the job server at {address} has no job agent to run the job on (Ray: {NO_AGENT!r}); most likely "
+                f"another Ray on the head's machine holds the dashboard agent's port ({DEFAULT_AGENT_PORT} unless "
+                "--dashboard-agent-listen-port says otherwise), so the head's agent never started: read "
+                "dashboard_agent.log in the head's Ray logs (<temp dir>/session_latest/logs/, /tmp/ray by default) and "
+                "start the head with free ports (cluster/README.md)"
+            ) from None
+        raise
 
 
 def follow_logs(client: JobSubmissionClient, job_id: str, out: TextIO | None = None) -> JobStatus:

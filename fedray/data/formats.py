@@ -6,7 +6,8 @@ folder per class (class index = position of its name in sorted order), either in
 (``data.test_path`` names a separate test folder). Files without an image extension are skipped.
 
 ``data.name: table`` reads the ``.parquet`` or ``.csv`` file ``data.path`` (and ``data.test_path``,
-with the same columns) with pyarrow. ``data.label_column`` (default ``label``) holds integer labels;
+with the same columns) with pyarrow, or a Hugging Face ``datasets`` dataset saved with
+``save_to_disk`` (``data.path`` its directory; its ``train`` and ``test`` splits; the ``hf`` extra). ``data.label_column`` (default ``label``) holds integer labels;
 the inputs are, in this order of precedence:
 
 - ``data.image_column``: encoded PNG/JPEG bytes (or a struct with a ``bytes`` field, as Hugging Face
@@ -101,7 +102,10 @@ def cached_arrays(
 
 
 def _file_stamp(path: Path) -> list[Any]:
-    """What identifies a file's content for the cache: its absolute path, size and mtime."""
+    """What identifies a file's content for the cache: its absolute path, size and mtime (for a
+    directory, a saved Hugging Face dataset: those of every file in it)."""
+    if path.is_dir():
+        return [_file_stamp(file) for file in sorted(path.rglob("*")) if file.is_file()]
     stat = path.stat()
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
@@ -247,10 +251,14 @@ def existing_path(value: str | None, key: str, name: str, directory: bool = Fals
 # -------------------------------------------------------------------------------------- tables
 def load_table(cfg: DataConfig) -> UserData:
     """``data.name: table`` (see the module docstring)."""
-    train_path = existing_path(cfg.path, "data.path", cfg.name)
-    test_path = existing_path(cfg.test_path, "data.test_path", cfg.name) if cfg.test_path is not None else None
-    paths = {"train": (train_path, "data.path"), **({"test": (test_path, "data.test_path")} if test_path else {})}
-    tables = {split: _read_table(path, key) for split, (path, key) in paths.items()}
+    if cfg.path is not None and is_saved_hf_dataset(Path(cfg.path)):
+        tables, paths = _read_saved_hf_dataset(Path(cfg.path))
+        train_path = paths["train"][0]
+    else:
+        train_path = existing_path(cfg.path, "data.path", cfg.name)
+        test_path = existing_path(cfg.test_path, "data.test_path", cfg.name) if cfg.test_path is not None else None
+        paths = {"train": (train_path, "data.path"), **({"test": (test_path, "data.test_path")} if test_path else {})}
+        tables = {split: _read_table(path, key) for split, (path, key) in paths.items()}
     train = tables["train"]
     client_ids = None
     if cfg.client_column is not None:
@@ -276,6 +284,37 @@ def load_table(cfg: DataConfig) -> UserData:
         vocab_size=vocab_size,
     )
     return checked_user_data(data, f"data.path={cfg.path}")
+
+
+def is_saved_hf_dataset(path: Path) -> bool:
+    """Whether ``path`` is a directory that Hugging Face ``datasets``' ``save_to_disk`` wrote (a
+    ``DatasetDict``'s ``dataset_dict.json``, or a single ``Dataset``'s ``state.json``)."""
+    return path.is_dir() and any((path / marker).is_file() for marker in ("dataset_dict.json", "state.json"))
+
+
+def _read_saved_hf_dataset(path: Path) -> tuple[dict[str, Any], dict[str, tuple[Path, str]]]:
+    """A ``save_to_disk`` directory as the Arrow tables of its ``train`` split (and ``test``, where it
+    has one; a single ``Dataset`` is the train split), with the path of each split for messages and the
+    cache key. Needs the ``datasets`` package (``pip install 'fedray[hf]'``)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"data.path: {path} is a Hugging Face dataset saved with save_to_disk; reading it needs the datasets "
+            "package: pip install 'fedray[hf]'"
+        ) from None
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as error:  # FileNotFoundError included: a damaged or partial save
+        raise ConfigError(f"data.path: cannot read the saved dataset {path}: {(str(error).splitlines() or [type(error).__name__])[0][:300]}") from None
+    if isinstance(saved, datasets.DatasetDict):
+        if "train" not in saved:
+            raise ConfigError(f"data.path: the saved dataset {path} has the splits {', '.join(saved)}, none named 'train'")
+        splits = {split: (saved[split], path / split) for split in ("train", "test") if split in saved}
+    else:
+        splits = {"train": (saved, path)}
+    tables = {split: dataset.with_format("arrow")[:] for split, (dataset, _) in splits.items()}  # indices (a shuffle, a filter) applied
+    return tables, {split: (split_path, "data.path") for split, (_, split_path) in splits.items()}
 
 
 def _read_table(path: Path, key: str) -> Any:

@@ -25,7 +25,8 @@ from fedray.config import RunConfig
 from fedray.data import FederatedDataset
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction import PartialResult, merge_partials
-from fedray.runtime.scheduler import assign_clients, client_forward_flops
+from fedray.algorithms.costs import client_forward_flops
+from fedray.runtime.scheduler import assign_clients
 from fedray.runtime.state_store import NO_STATE
 from fedray.runtime.upload_path import ServerUploadPath
 from fedray.runtime.user_code import call_algorithm

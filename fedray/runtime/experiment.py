@@ -32,7 +32,7 @@ from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, UserCodeError, first_line, innermost_cause
 from fedray.runtime.engine import RoundEngine
 from fedray.runtime.pool import LocalPool
-from fedray.runtime.resume import ResumeRecord, check_resumable, check_unfinished, config_changes
+from fedray.runtime.resume import ResumeRecord, check_resumable, check_unfinished, config_changes, resume_command
 from fedray.runtime.ray_start import check_address, check_gpu_available, check_local_resources, ensure_ray, starts_local_ray, uses_ray
 from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
 from fedray.runtime.state_store import (
@@ -489,7 +489,7 @@ def _resume_hint(run: RunContext, created: bool) -> str:
         return "it stopped before its first round, so nothing was kept"
     checkpoints = list_checkpoints(run.run_dir)
     since = f"its checkpoint of round {checkpoints[-1][0]}" if checkpoints else "round 1"
-    return f"continue it from {since} with `fedray run --resume {run.run_dir}`"
+    return f"continue it from {since} with `{resume_command(run.run_dir)}`"
 
 
 def _remove_created(directories: list[Path]) -> None:

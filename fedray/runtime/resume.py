@@ -20,14 +20,18 @@ the run directory's ``resumes.json``.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fedray.cluster.jobs import SUBMIT_ADDRESS_VARIABLE
 from fedray.config import ConfigError
 from fedray.layout import RESUMES_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.tracking import Callback, RunContext
+
 
 #: Keys (or, ending in ".", sections) a resume may change; ``train.rounds`` may only grow.
 RESUMABLE_KEYS = (
@@ -78,6 +82,16 @@ def config_changes(checkpoint_config: dict[str, Any], config: dict[str, Any]) ->
     before, after = _flatten(checkpoint_config), _flatten(config)
     keys = list(dict.fromkeys([*before, *after]))
     return [ConfigChange(key, before.get(key, _UNSET), after.get(key, _UNSET)) for key in keys if before.get(key, _UNSET) != after.get(key, _UNSET)]
+
+
+def resume_command(run_dir: str | Path) -> str:
+    """The command that continues the run in ``run_dir``: ``fedray run --resume RUN_DIR``, or, in a job
+    that ``fedray submit`` submitted, that command submitted to the same cluster, with the run
+    directory's absolute path on the node the job ran on (the head node, which the next job runs on)."""
+    address = os.environ.get(SUBMIT_ADDRESS_VARIABLE)
+    if not address:
+        return shlex.join(["fedray", "run", "--resume", str(run_dir)])
+    return shlex.join(["fedray", "submit", "--address", address, "--", "run", "--resume", str(Path(run_dir).absolute())])
 
 
 def check_unfinished(run_dir: str | Path, rounds: int) -> None:

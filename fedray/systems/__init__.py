@@ -26,7 +26,7 @@ import torch
 from fedray.algorithms import Algorithm, RoundResults
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset
-from fedray.runtime.scheduler import client_forward_flops
+from fedray.algorithms.costs import client_forward_flops
 from fedray.seeding import sample_cohort_among
 from fedray.systems.availability import AvailabilityProcess, build_availability
 from fedray.systems.clock import client_durations, payload_bytes, upload_bytes
@@ -44,7 +44,7 @@ class SystemsModel:
     """The simulated devices and clock of one run (``systems.enabled: true``).
 
     ``forward_flops``: ``[num_clients]`` forward FLOPs per sample of each client's model
-    (:func:`~fedray.runtime.scheduler.client_forward_flops` with ``exact=True``)."""
+    (:func:`~fedray.algorithms.costs.client_forward_flops` with ``exact=True``)."""
 
     def __init__(self, config: RunConfig, client_sizes: np.ndarray, forward_flops: np.ndarray) -> None:
         systems = config.systems
