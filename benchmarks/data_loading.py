@@ -8,7 +8,9 @@ Debian's ``dataset-fashion-mnist`` package installs in /usr/share/datasets/fashi
 - ``idx``: ``load_dataset`` of ``fmnist`` (gunzip + parse the IDX files);
 - ``parquet, first``: ``load_dataset`` of the table with an empty cache directory (read the table,
   decode 70,000 PNGs with Pillow, write the ``.npz`` cache);
-- ``parquet, cached``: the same config again (stat the files, read the cache).
+- ``parquet, cached``: the same config again (stat the files, read the cache);
+- ``parquet arrays``: a table whose image column holds each image's pixel values (a flat list of
+  784 uint8s and ``data.image_size: 28``): nothing to decode, nothing cached.
 
 It also checks that the decoded arrays equal the IDX arrays bit for bit (PNG is lossless).
 
@@ -45,6 +47,12 @@ def write_png_table(x: np.ndarray, y: np.ndarray, path: Path) -> None:
     pq.write_table(pa.table({"image": encoded, "label": y}), path)
 
 
+def write_pixel_table(x: np.ndarray, y: np.ndarray, path: Path) -> None:
+    """uint8 ``[N, 1, H, W]`` images as a Parquet table of flat pixel lists and labels."""
+    pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x[0].size)
+    pq.write_table(pa.table({"image": pixels, "label": y}), path)
+
+
 def timed(function) -> tuple[float, object]:  # noqa: ANN001
     start = time.perf_counter()
     result = function()
@@ -61,12 +69,18 @@ def main() -> None:
         train, test, _ = load_dataset(idx_cfg, seed=0)  # untimed: imports and the page cache
         write_png_table(train.x, train.y, scratch / "train.parquet")
         write_png_table(test.x, test.y, scratch / "test.parquet")
+        write_pixel_table(train.x, train.y, scratch / "train_pixels.parquet")
+        write_pixel_table(test.x, test.y, scratch / "test_pixels.parquet")
+        pixels_cfg = DataConfig(
+            name="table", path=str(scratch / "train_pixels.parquet"), test_path=str(scratch / "test_pixels.parquet"),
+            image_column="image", image_size=28, root=str(scratch / "data"),
+        )
         sizes = sum((scratch / f"{split}.parquet").stat().st_size for split in ("train", "test"))
         table_cfg = DataConfig(
             name="table", path=str(scratch / "train.parquet"), test_path=str(scratch / "test.parquet"),
             image_column="image", root=str(scratch / "data"),
         )
-        times: dict[str, list[float]] = {"idx": [], "parquet, first": [], "parquet, cached": []}
+        times: dict[str, list[float]] = {"idx": [], "parquet, first": [], "parquet, cached": [], "parquet arrays": []}
         for _ in range(args.repeats):
             seconds, _ = timed(lambda: load_dataset(idx_cfg, seed=0))
             times["idx"].append(seconds)
@@ -75,8 +89,11 @@ def main() -> None:
             times["parquet, first"].append(seconds)
             seconds, (cached_train, _, _) = timed(lambda: load_dataset(table_cfg, seed=0))
             times["parquet, cached"].append(seconds)
+            seconds, (pixel_train, _, _) = timed(lambda: load_dataset(pixels_cfg, seed=0))
+            times["parquet arrays"].append(seconds)
         assert np.array_equal(first_train.x, train.x) and np.array_equal(first_test.x, test.x)
         assert np.array_equal(cached_train.x, train.x) and np.array_equal(first_train.y, train.y)
+        assert np.array_equal(pixel_train.x, train.x)
         cache = next((scratch / "data" / "cache").glob("*.npz"))
         print(f"Parquet files: {sizes / 1e6:.1f} MB of PNG bytes; cache file: {cache.stat().st_size / 1e6:.1f} MB")
         idx = statistics.median(times["idx"])

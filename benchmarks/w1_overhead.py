@@ -11,7 +11,8 @@ one worker actor and on Ray with 2 worker actors (1 CPU each), and the plain loo
 with one torch thread (its fastest setting for this model; see run_plain). Steady state = median
 seconds per round over rounds 3..19 (warm-up and the final checkpoint round left out), measured at
 the driver. End to end = from the call to its return, the data's preparation (and Ray's start-up)
-included, for fedray and for the plain loop alike.
+included, for fedray and for the plain loop alike; the plain loop and the local backend run
+``--repeats`` times, alternating, and their median run is reported.
 
     python benchmarks/w1_overhead.py            # prints the table; --json FILE to save it
 """
@@ -156,15 +157,25 @@ def run_plain(overrides: list[str], device: str = "cpu") -> dict:
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run whose end-to-end time is the median of ``runs`` (the first of the middle two for an even count)."""
+    return sorted(runs, key=lambda run: run["end_to_end_s"])[(len(runs) - 1) // 2]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the plain loop and of the local backend, alternating")
     args = parser.parse_args(argv)
     import ray
 
     with tempfile.TemporaryDirectory() as scratch:
-        plain_w1 = run_plain(W1)
-        local_w1 = run_fedray(W1 + ["resources.backend=local", "resources.num_workers=1"], scratch)
+        # Alternating, medians: whichever runs first in the process pays torch's one-time warm-up.
+        plain_runs, local_runs = [], []
+        for _ in range(args.repeats):
+            plain_runs.append(run_plain(W1))
+            local_runs.append(run_fedray(W1 + ["resources.backend=local", "resources.num_workers=1"], scratch))
+        plain_w1, local_w1 = median_run(plain_runs), median_run(local_runs)
         ray1_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=1"], scratch)  # starts Ray: its start-up is measured here
         ray2_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=2"], scratch)
     ray.shutdown()

@@ -137,6 +137,32 @@ def test_parquet_image_column_is_decoded_and_cached(tmp_path: Path) -> None:
     assert len(list((tmp_path / "data" / "cache").glob("table-images-*.npz"))) == 1
 
 
+def test_parquet_pixel_arrays_load_as_they_are(tmp_path: Path) -> None:
+    """Images stored as pixel values: flat rows with data.image_size, [H, W] and [C, H, W] nested lists."""
+    x = (np.arange(6 * 3 * 4 * 4) % 251).astype(np.uint8).reshape(6, 3, 4, 4)
+    labels = [0, 1, 2, 0, 1, 2]
+    layouts = {
+        "flat": ([row.reshape(-1).tolist() for row in x], {"image_size": 4}, x),
+        "hw": ([row[0].tolist() for row in x], {}, x[:, :1]),
+        "chw": ([row.tolist() for row in x], {}, x),
+    }
+    for name, (column, keys, expected) in layouts.items():
+        pq.write_table(pa.table({"pixels": column, "label": labels}), tmp_path / f"{name}.parquet")
+        cfg = DataConfig(name="table", path=str(tmp_path / f"{name}.parquet"), image_column="pixels", test_fraction=0.5,
+                         num_clients=1, partition="iid", root=str(tmp_path / "data"), **keys)
+        train, test, info = load_dataset(cfg, seed=0)
+        loaded = np.concatenate([train.x, test.x])
+        order = np.argsort(loaded[:, 0, 0, 0])
+        assert np.array_equal(loaded[order], expected[np.argsort(expected[:, 0, 0, 0])]), name
+        assert info.modality == "image" and info.channels == expected.shape[1]
+    assert not (tmp_path / "data" / "cache").exists()  # nothing to decode, nothing cached
+    with pytest.raises(ConfigError, match="set data.image_size to their square side"):
+        load_dataset(DataConfig(name="table", path=str(tmp_path / "flat.parquet"), image_column="pixels", num_clients=1, partition="iid"), seed=0)
+    pq.write_table(pa.table({"pixels": [[0, 300, 2, 3]] * 4, "label": [0, 1, 0, 1]}), tmp_path / "bad.parquet")
+    with pytest.raises(ConfigError, match="pixel values from 0 to 300; they must be 0..255"):
+        load_dataset(DataConfig(name="table", path=str(tmp_path / "bad.parquet"), image_column="pixels", image_size=2, num_clients=1, partition="iid"), seed=0)
+
+
 def test_a_hugging_face_dataset_saved_to_disk_reads_as_a_table(tmp_path: Path) -> None:
     """A ``DatasetDict`` saved with ``save_to_disk``: its Image feature decoded, its ClassLabel as labels,
     a client column for the natural partition; shuffled first, so its indices mapping must apply."""

@@ -352,8 +352,12 @@ def _labels(table: Any, name: str, path: Path) -> np.ndarray:
 
 
 def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]) -> dict[str, np.ndarray]:
-    """The image column of every split, decoded (and cached)."""
+    """The image column of every split: pixel arrays as they are, or encoded images decoded (and cached)."""
     import pyarrow as pa
+
+    columns = {split: _column(table, cfg.image_column, "data.image_column", paths[split][0]) for split, table in tables.items()}
+    if all(_is_list(column.type) for column in columns.values()):
+        return {split: _pixel_arrays(column, cfg, paths[split][0]) for split, column in columns.items()}
 
     def encoded(split: str) -> list[bytes]:
         path = paths[split][0]
@@ -381,6 +385,51 @@ def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tupl
         "image_size": cfg.image_size,
     }
     return cached_arrays(Path(cfg.root) / "cache", "table-images", key, decode)
+
+
+def _is_list(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+
+
+def _pixel_arrays(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
+    """An image column of pixel values (0..255) as uint8 ``[N, C, H, W]``: each row a flat list of
+    C·H·W values (with ``data.image_size`` = H = W), an ``[H, W]`` nested list (one channel) or a
+    ``[C, H, W]`` one (channels first, as Hugging Face's ``Array3D`` of a CHW array stores it). No
+    decoding and so no cache: such a table loads about as fast as it reads."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    where = f"data.image_column: column {cfg.image_column!r} of {path}"
+    if column.null_count:
+        raise ConfigError(f"{where} has {column.null_count} missing images")
+    shape, values = [], column
+    while _is_list(values.type):
+        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            raise ConfigError(f"{where}: rows hold {int(lengths.min())} to {int(lengths.max())} values at depth {len(shape) + 1}; every image must have one shape")
+        shape.append(int(lengths[0]) if len(lengths) else 0)
+        values = values.flatten()
+    if not pa.types.is_integer(values.type):
+        raise ConfigError(f"{where} holds lists of {values.type}; pixel arrays must be integers 0..255 (or encoded image bytes)")
+    pixels = values.to_numpy(zero_copy_only=False)
+    if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
+        raise ConfigError(f"{where} holds pixel values from {pixels.min()} to {pixels.max()}; they must be 0..255")
+    if len(shape) == 1:
+        size = cfg.image_size
+        if size is None or shape[0] % (size * size):
+            raise ConfigError(f"{where} holds flat rows of {shape[0]} values: set data.image_size to their square side (C·side² values a row)")
+        shape = [shape[0] // (size * size), size, size]
+    elif len(shape) == 2:
+        shape = [1, *shape]
+    elif len(shape) != 3:
+        raise ConfigError(f"{where} nests lists {len(shape)} deep; an image row is flat, [H, W] or [C, H, W]")
+    if shape[1] != shape[2]:
+        raise ConfigError(f"{where} holds {shape[1]}×{shape[2]} images, not square")
+    if cfg.image_size is not None and shape[1] != cfg.image_size:
+        raise ConfigError(f"{where} holds {shape[1]}×{shape[2]} pixel arrays; data.image_size={cfg.image_size} resizes encoded images only")
+    return pixels.astype(np.uint8).reshape(len(column), *shape)
 
 
 def _table_sequences(
