@@ -90,6 +90,7 @@ def store_costs(location: str, clients: int, state: dict[str, torch.Tensor]) -> 
 
 def du_bytes(path: Path) -> tuple[int, int]:
     """(apparent bytes, bytes of disk blocks used) of a directory tree."""
+
     def du(*flags: str) -> int:
         return int(subprocess.run(["du", "-s", *flags, str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
 
@@ -131,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         local_run = Path(scratch, "fedper-local")
         state_file = next((local_run / "client_state").rglob("*.pt"))
         figures["state_file_bytes"] = state_file.stat().st_size
-        state = ClientStateStore(local_run / "client_state").load(int(state_file.parent.name), int(state_file.stem[1:]), torch.device("cpu"))
+        state = ClientStateStore(local_run / "client_state").load(
+            int(state_file.parent.name), int(state_file.stem[1:]), torch.device("cpu")
+        )
         figures["state_tensor_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
         figures["store_local"] = store_costs(str(Path(scratch, "store-local")), args.store_clients, state)
         if s3 is not None:

@@ -50,10 +50,24 @@ def environment() -> dict[str, str]:
 
 def finish_a_run(scratch: Path) -> Path:
     """A run of one round on the local backend (no Ray), to be resumed."""
-    overrides = ["train.rounds=1", "resources.num_workers=1", "data.num_clients=4", "train.clients_per_round=2",
-                 "output.tensorboard=false", "output.plots=false", f"output.dir={scratch}", f"output.name={FINISHED_RUN}"]
-    subprocess.run([*FEDRAY, "run", "--quiet", *[arg for item in overrides for arg in ("--set", item)]],
-                   cwd=scratch, env=environment(), check=True, capture_output=True, timeout=600)
+    overrides = [
+        "train.rounds=1",
+        "resources.num_workers=1",
+        "data.num_clients=4",
+        "train.clients_per_round=2",
+        "output.tensorboard=false",
+        "output.plots=false",
+        f"output.dir={scratch}",
+        f"output.name={FINISHED_RUN}",
+    ]
+    subprocess.run(
+        [*FEDRAY, "run", "--quiet", *[arg for item in overrides for arg in ("--set", item)]],
+        cwd=scratch,
+        env=environment(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return scratch / FINISHED_RUN
 
 
@@ -68,8 +82,7 @@ def time_case(command: list[str], files: dict[str, str], finished: Path) -> dict
             path.write_text(text)
         command = [arg.replace("{finished}", str(finished)) for arg in command]
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=directory, env=environment(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(command, cwd=directory, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         cpu = TreeCPU(process.pid)
         cpu.start()
         _, stderr = process.communicate(timeout=600)

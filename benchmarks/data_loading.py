@@ -72,13 +72,20 @@ def main() -> None:
         write_pixel_table(train.x, train.y, scratch / "train_pixels.parquet")
         write_pixel_table(test.x, test.y, scratch / "test_pixels.parquet")
         pixels_cfg = DataConfig(
-            name="table", path=str(scratch / "train_pixels.parquet"), test_path=str(scratch / "test_pixels.parquet"),
-            image_column="image", image_size=28, root=str(scratch / "data"),
+            name="table",
+            path=str(scratch / "train_pixels.parquet"),
+            test_path=str(scratch / "test_pixels.parquet"),
+            image_column="image",
+            image_size=28,
+            root=str(scratch / "data"),
         )
         sizes = sum((scratch / f"{split}.parquet").stat().st_size for split in ("train", "test"))
         table_cfg = DataConfig(
-            name="table", path=str(scratch / "train.parquet"), test_path=str(scratch / "test.parquet"),
-            image_column="image", root=str(scratch / "data"),
+            name="table",
+            path=str(scratch / "train.parquet"),
+            test_path=str(scratch / "test.parquet"),
+            image_column="image",
+            root=str(scratch / "data"),
         )
         times: dict[str, list[float]] = {"idx": [], "parquet, first": [], "parquet, cached": [], "parquet arrays": []}
         for _ in range(args.repeats):

@@ -52,7 +52,9 @@ PROTOCOL = [
 
 def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[str], out_dir: Path, also: list[str] = ()) -> dict:
     base = REPO / "examples" / f"{algorithm}_digits.yaml"
-    overrides = PROTOCOL + [f"data.alpha={alpha}", f"seed={seed}", f"output.dir={out_dir}", f"output.name={algorithm}-a{alpha}-s{seed}"] + extra
+    overrides = (
+        PROTOCOL + [f"data.alpha={alpha}", f"seed={seed}", f"output.dir={out_dir}", f"output.name={algorithm}-a{alpha}-s{seed}"] + extra
+    )
     config = load_config(base if base.is_file() else None, overrides if base.is_file() else overrides + [f"algorithm.name={algorithm}"])
     started = time.perf_counter()
     summary = run_experiment(config, progress=False)
@@ -71,10 +73,15 @@ def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] =
     algorithms = list(dict.fromkeys(r["algorithm"] for r in results))
     alphas = sorted({r["alpha"] for r in results})
     lines = [
-        f"Metric: `{metric}` (%), mean ± std over seeds {sorted({r['seed'] for r in results})}; "
-        "protocol in `benchmarks/digits_table.py`.",
+        f"Metric: `{metric}` (%), mean ± std over seeds {sorted({r['seed'] for r in results})}; protocol in `benchmarks/digits_table.py`.",
         "",
-        "| algorithm | " + " | ".join(f"α={a} final | α={a} best" + "".join(f" | α={a} {k.replace('_at_best', ' at best').replace('_final', ' final')}" for k in also_keys) for a in alphas) + " |",
+        "| algorithm | "
+        + " | ".join(
+            f"α={a} final | α={a} best"
+            + "".join(f" | α={a} {k.replace('_at_best', ' at best').replace('_final', ' final')}" for k in also_keys)
+            for a in alphas
+        )
+        + " |",
         "|---|" + "---|" * ((2 + len(also_keys)) * len(alphas)),
     ]
     if also:
@@ -127,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             for alpha in args.alphas:
                 for seed in args.seeds:
                     result = run_one(algorithm, alpha, seed, args.metric, args.extra, Path(scratch), args.also)
-                    print(f"{algorithm:10s} α={alpha:<4} seed={seed}  final={result['final']:.4f}  best={result['best']:.4f}  ({result['seconds']:.0f} s)", file=sys.stderr)
+                    print(
+                        f"{algorithm:10s} α={alpha:<4} seed={seed}  final={result['final']:.4f}  best={result['best']:.4f}  ({result['seconds']:.0f} s)",
+                        file=sys.stderr,
+                    )
                     results.append(result)
     write_outputs(results, args.metric, args.out, args.also)
     print(args.out.read_text())

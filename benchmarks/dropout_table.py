@@ -40,7 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    lines = ["| method | dropout | sim. time (s) | aggregated / round | acc. @ ¼ T | acc. @ ½ T | acc. @ T |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | dropout | sim. time (s) | aggregated / round | acc. @ ¼ T | acc. @ ½ T | acc. @ T |",
+        "|---|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as output:
         for method, overrides in METHODS.items():
             horizon = None

@@ -74,7 +74,8 @@ class GPUBusy(threading.Thread):
         self.samples: list[tuple[float, float]] = []  # (time.perf_counter(), busy %)
         self.process = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def run(self) -> None:
@@ -145,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'side':<40} {'s/round':>8} {'updates/s':>10} {'vs plain':>9} {'GPU busy':>9}")
     for row in rows:
         busy = "n/a" if row["gpu_busy_percent"] is None else f"{row['gpu_busy_percent']:.0f} %"
-        print(f"{row['side']:<40} {row['steady_round_s']:>8.3f} {row['updates_per_s']:>10.1f} {row['updates_per_s'] / plain:>8.2f}× {busy:>9}")
+        print(
+            f"{row['side']:<40} {row['steady_round_s']:>8.3f} {row['updates_per_s']:>10.1f} {row['updates_per_s'] / plain:>8.2f}× {busy:>9}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "device": args.device, "quick": args.quick, "rows": rows}, indent=2))
     return 0

@@ -43,7 +43,9 @@ from scale import workload as scale_workload  # benchmarks/ is on sys.path when 
 
 def workload(rounds: int, per_round: int, registered: int, checkpoint_every: int) -> list[str]:
     return scale_workload(registered, per_round, rounds) + [
-        "data.synthetic.num_test=200", "eval.every=10", f"checkpoint.every={checkpoint_every}"
+        "data.synthetic.num_test=200",
+        "eval.every=10",
+        f"checkpoint.every={checkpoint_every}",
     ]
 
 
@@ -96,7 +98,11 @@ class LoopProbe(Callback):
         if round % self.every == 0 or round == run.config.train.rounds:
             self.rss.append((round, resident_bytes()))
             elapsed = time.perf_counter() - self.loop_started
-            print(f"round {round}/{run.config.train.rounds}  {elapsed:.0f} s  rss {self.rss[-1][1] / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+            print(
+                f"round {round}/{run.config.train.rounds}  {elapsed:.0f} s  rss {self.rss[-1][1] / 2**20:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_run_end(self, run: RunContext) -> None:
         self.loop_seconds = time.perf_counter() - self.loop_started
@@ -114,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as scratch:
-        config = load_config(None, workload(args.rounds, args.per_round, args.registered, args.checkpoint_every) + [f"output.dir={scratch}"])
+        config = load_config(
+            None, workload(args.rounds, args.per_round, args.registered, args.checkpoint_every) + [f"output.dir={scratch}"]
+        )
         callbacks = default_callbacks(config, progress=False)
         metrics = next(c for c in callbacks if isinstance(c, MetricsParquet))
         timed = TimedCallback(metrics)

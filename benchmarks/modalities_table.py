@@ -42,8 +42,18 @@ def run(benchmark: Path, overrides: list[str], work: Path, name: str) -> dict:
     """The run's final and best accuracy (personal accuracy for a personalised algorithm), run once."""
     done = work / name / "summary.json"
     if not done.is_file():
-        config = fedray.load_config(benchmark, [*overrides, f"output.dir={work}", f"output.name={name}", "output.plots=false",
-                                                "output.tensorboard=false", "resources.backend=local", "resources.num_workers=1"])
+        config = fedray.load_config(
+            benchmark,
+            [
+                *overrides,
+                f"output.dir={work}",
+                f"output.name={name}",
+                "output.plots=false",
+                "output.tensorboard=false",
+                "resources.backend=local",
+                "resources.num_workers=1",
+            ],
+        )
         fedray.run_experiment(config, progress=False)
     summary = json.loads(done.read_text())
     rows = fedray.read_metrics(work / name, "round")

@@ -84,9 +84,7 @@ def process_stats(pid: int) -> dict[str, Any]:
     """CPU seconds (user, system), minor page faults, threads and OMP_NUM_THREADS of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    environ = dict(
-        entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry
-    )
+    environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry)
     threads = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:"))
     return {
         "user_s": int(fields[11]) / tick,
@@ -100,6 +98,7 @@ def process_stats(pid: int) -> dict[str, Any]:
 def breakdown(events: list[dict[str, Any]], rounds: slice) -> dict[str, float]:
     """Median seconds per phase over ``rounds`` of the one run whose server's ``run_round`` events
     are in ``events`` (Ray's timeline: ``ts``/``dur`` in µs, ``tid`` = worker process)."""
+
     def spans(category: str) -> list[dict[str, Any]]:
         return sorted((e for e in events if e["cat"] == category), key=lambda e: e["ts"])
 
@@ -183,14 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     speed_up = runs["1x1"]["figures"][measure] / runs["2x1"]["figures"][measure]
     names = list(runs["1x1"]["figures"])
     width = max(map(len, names))
-    print(f"{args.dataset} {'' if args.dataset == 'digits' else args.partition}, eval every {args.eval_every}, {args.rounds} rounds per run")
+    print(
+        f"{args.dataset} {'' if args.dataset == 'digits' else args.partition}, eval every {args.eval_every}, {args.rounds} rounds per run"
+    )
     print(f"{'seconds per round (median)':<{width}}" + "".join(f"  {w} worker(s) x {c} CPU" for w, c in shapes))
     for name in names:
         print(f"{name:<{width}}" + "".join(f"  {runs[label]['figures'][name]:16.3f}" for label in runs))
     for label, result in runs.items():
         for index, stats in enumerate(result["workers"]):
-            print(f"{label} worker {index}: user {stats['user_s']:.1f} s, system {stats['system_s']:.1f} s, "
-                  f"{stats['minor_faults']} minor faults, {stats['threads']} threads, OMP_NUM_THREADS={stats['OMP_NUM_THREADS']}")
+            print(
+                f"{label} worker {index}: user {stats['user_s']:.1f} s, system {stats['system_s']:.1f} s, "
+                f"{stats['minor_faults']} minor faults, {stats['threads']} threads, OMP_NUM_THREADS={stats['OMP_NUM_THREADS']}"
+            )
     for label, result in runs.items():
         print(f"final metrics {label}: {result['final_metrics']}")
     if args.threads:

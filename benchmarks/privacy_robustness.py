@@ -12,12 +12,22 @@ import tempfile
 from fedray.testing import Federation
 
 COMMON = [
-    "data.num_clients=20", "train.clients_per_round=10", "train.local_epochs=1", "data.partition=iid",
-    "train.lr=0.1", "resources.num_workers=1",
+    "data.num_clients=20",
+    "train.clients_per_round=10",
+    "train.local_epochs=1",
+    "data.partition=iid",
+    "train.lr=0.1",
+    "resources.num_workers=1",
 ]
 PRIVACY_ROUNDS, ROBUST_ROUNDS = 20, 15
 # 20 simulated clients emulate a population of 5,000 sampling 200 per round (noise_cohort_size)
-DP = ["privacy.mechanism=central", "privacy.clip=0.5", "privacy.delta=1e-4", "privacy.population_size=5000", "privacy.noise_cohort_size=200"]
+DP = [
+    "privacy.mechanism=central",
+    "privacy.clip=0.5",
+    "privacy.delta=1e-4",
+    "privacy.population_size=5000",
+    "privacy.noise_cohort_size=200",
+]
 
 
 def final_accuracy(overrides: list[str], rounds: int) -> dict:

@@ -56,12 +56,27 @@ def main() -> None:
                 model = algorithm.build_model(key)
                 train_features = embed(model, model.encode, train[0], data.info, config.eval.batch_size)
                 test_features = embed(model, model.encode, test[0], data.info, config.eval.batch_size)
-                result = linear_probe(train_features, train[1], test_features, test[1], data.info.num_classes,
-                                      params.probe_epochs, params.probe_lr, params.probe_batch_size,
-                                      torch.Generator().manual_seed(seed))
-                rows.append({"architecture": name, "probed_for": algorithm_name, "seed": seed,
-                             "probe_accuracy": round(result["accuracy"], 4), "probe_epochs": params.probe_epochs,
-                             "seconds": round(time.perf_counter() - started, 1)})
+                result = linear_probe(
+                    train_features,
+                    train[1],
+                    test_features,
+                    test[1],
+                    data.info.num_classes,
+                    params.probe_epochs,
+                    params.probe_lr,
+                    params.probe_batch_size,
+                    torch.Generator().manual_seed(seed),
+                )
+                rows.append(
+                    {
+                        "architecture": name,
+                        "probed_for": algorithm_name,
+                        "seed": seed,
+                        "probe_accuracy": round(result["accuracy"], 4),
+                        "probe_epochs": params.probe_epochs,
+                        "seconds": round(time.perf_counter() - started, 1),
+                    }
+                )
                 print(rows[-1], flush=True)
                 real_table.write_csv(args.out, list(rows[0]), rows)  # after each row: a stop keeps the finished ones
 

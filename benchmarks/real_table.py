@@ -116,15 +116,17 @@ PROTOCOL = [
 # protocol. The paper's IID setting (its Table 2) is left out for time.
 SSL_ROUNDS = 50
 SSL_CLIENTS = 5
-SSL_PROTOCOL = [f"data.num_clients={SSL_CLIENTS}", f"train.clients_per_round={SSL_CLIENTS}", "train.local_epochs=1",
-                f"train.rounds={SSL_ROUNDS}"]
+SSL_PROTOCOL = [
+    f"data.num_clients={SSL_CLIENTS}",
+    f"train.clients_per_round={SSL_CLIENTS}",
+    "train.local_epochs=1",
+    f"train.rounds={SSL_ROUNDS}",
+]
 SETTINGS = {
     "dir0.1": ["data.partition=dirichlet", "data.alpha=0.1"],
     "dir0.5": ["data.partition=dirichlet", "data.alpha=0.5"],
-    "shards2": ["data.partition=shards", "data.classes_per_client=2",
-                "data.client_test_fraction=0.25", "eval.personalized=true"],
-    "pdir0.1": ["data.partition=dirichlet", "data.alpha=0.1",
-                "data.client_test_fraction=0.25", "eval.personalized=true"],
+    "shards2": ["data.partition=shards", "data.classes_per_client=2", "data.client_test_fraction=0.25", "eval.personalized=true"],
+    "pdir0.1": ["data.partition=dirichlet", "data.alpha=0.1", "data.client_test_fraction=0.25", "eval.personalized=true"],
     # Shards of one class each (Fashion-MNIST's classes are all 6,000 images): every client gets 2 whole classes.
     "classes2": [*SSL_PROTOCOL, "data.partition=shards", "data.classes_per_client=2"],
 }
@@ -147,10 +149,8 @@ VARIANTS = {
 }
 GROUPS: dict[str, dict[str, Any]] = {
     "global": {
-        "algorithms": ["fedavg", "fedprox", "fedsc", "fedrcl", "fedproto", "moon", "fedskc", "fedrcl_beta0",
-                       "fedskc_stabilised"],
-        "more_algorithms": ["scaffold", "feddyn", "fedlc", "fedntd", "feddecorr", "fedproc", "fedavgm", "fedadam",
-                            "fedyogi", "fedadagrad"],
+        "algorithms": ["fedavg", "fedprox", "fedsc", "fedrcl", "fedproto", "moon", "fedskc", "fedrcl_beta0", "fedskc_stabilised"],
+        "more_algorithms": ["scaffold", "feddyn", "fedlc", "fedntd", "feddecorr", "fedproc", "fedavgm", "fedadam", "fedyogi", "fedadagrad"],
         "settings": ["dir0.1", "dir0.5"],
         "rounds": ROUNDS,
         "clients_per_round": CLIENTS_PER_ROUND,
@@ -197,26 +197,67 @@ TUNED_FROM = {
     "hetero_ssfl_local": ("hetero_ssfl", ["train.lr"]),
     "hetero_ssfl_debiased": ("hetero_ssfl", None),
 }
-RESULT_FIELDS = ["group", "algorithm", "setting", "seed", "hyperparameters", "metric", "lr", "fell_back_from", "diverged",
-                 "final", "best", "rounds", "excluded_updates", "seconds", "seconds_per_round", "personal_accuracy_std_final",
-                 "personal_accuracy_std_at_best"]
+RESULT_FIELDS = [
+    "group",
+    "algorithm",
+    "setting",
+    "seed",
+    "hyperparameters",
+    "metric",
+    "lr",
+    "fell_back_from",
+    "diverged",
+    "final",
+    "best",
+    "rounds",
+    "excluded_updates",
+    "seconds",
+    "seconds_per_round",
+    "personal_accuracy_std_final",
+    "personal_accuracy_std_at_best",
+]
 CURVE_FIELDS = ["group", "algorithm", "setting", "seed", "round", "value"]
 # The summary page's short tables (``summary_lines``): a row's name, and each setting's column heading.
 LABELS = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "fedsc": "FedSC", "fedrcl": "FedRCL", "fedproto": "FedProto",
-    "moon": "MOON", "fedskc": "FedSKC with its paper's switches",
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedsc": "FedSC",
+    "fedrcl": "FedRCL",
+    "fedproto": "FedProto",
+    "moon": "MOON",
+    "fedskc": "FedSKC with its paper's switches",
     "fedrcl_beta0": "FedRCL without its divergence penalty (β = 0)",
     "fedskc_stabilised": "FedSKC with `gpr_mode=residual, u_mode=none`",
-    "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "fedlc": "FedLC", "fedntd": "FedNTD", "feddecorr": "FedDecorr",
-    "fedproc": "FedProc", "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
-    "local": "Local", "fedper": "FedPer", "fedcosr": "FedCoSR", "ditto": "Ditto", "fedrep": "FedRep",
+    "scaffold": "SCAFFOLD",
+    "feddyn": "FedDyn",
+    "fedlc": "FedLC",
+    "fedntd": "FedNTD",
+    "feddecorr": "FedDecorr",
+    "fedproc": "FedProc",
+    "fedavgm": "FedAvgM",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+    "local": "Local",
+    "fedper": "FedPer",
+    "fedcosr": "FedCoSR",
+    "ditto": "Ditto",
+    "fedrep": "FedRep",
     "lg_fedavg": "LG-FedAvg",
-    "hetero_ssfl": "Hetero-SSFL", "hetero_ssfl_local": "Local SSL (Hetero-SSFL with μ = 0)",
-    "fedavg_byol": "FedAvg+BYOL", "hetero_ssfl_debiased": "Hetero-SSFL with the debiased alignment estimator",
-    "fedema": "FedEMA", "fedu": "FedU",
+    "hetero_ssfl": "Hetero-SSFL",
+    "hetero_ssfl_local": "Local SSL (Hetero-SSFL with μ = 0)",
+    "fedavg_byol": "FedAvg+BYOL",
+    "hetero_ssfl_debiased": "Hetero-SSFL with the debiased alignment estimator",
+    "fedema": "FedEMA",
+    "fedu": "FedU",
 }
-SETTING_LABELS = {"dir0.1": "Dirichlet α = 0.1", "dir0.5": "Dirichlet α = 0.5", "shards2": "2-class shards",
-                  "pdir0.1": "Dirichlet α = 0.1", "classes2": f"{SSL_CLIENTS} clients, 2 whole classes each"}
+SETTING_LABELS = {
+    "dir0.1": "Dirichlet α = 0.1",
+    "dir0.5": "Dirichlet α = 0.5",
+    "shards2": "2-class shards",
+    "pdir0.1": "Dirichlet α = 0.1",
+    "classes2": f"{SSL_CLIENTS} clients, 2 whole classes each",
+}
 SUMMARY_START = "<!-- Fashion-MNIST summary: generated by `python benchmarks/real_table.py --report`; do not edit -->"
 SUMMARY_END = "<!-- end of Fashion-MNIST summary -->"
 DEFAULT_OUT = REPO / "docs" / "results" / "fmnist.md"
@@ -305,8 +346,16 @@ def entry_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
     return row["group"], row["algorithm"], row["setting"], int(row["seed"])
 
 
-def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Path, extra: list[str],
-              tuning: list[dict[str, str]], collapsed_row: dict[str, str] | None = None) -> dict[str, Any]:
+def run_entry(
+    group: str,
+    algorithm: str,
+    setting: str,
+    seed: int,
+    runs_dir: Path,
+    extra: list[str],
+    tuning: list[dict[str, str]],
+    collapsed_row: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run (or resume, or just read back) one entry with its tuned values in
     ``runs_dir/<group>-<algorithm>-<setting>-s<seed>``. If it diverges or collapses (its learning
     rate was tuned at Dirichlet 0.1 and may not suit the other settings), it runs again with each
@@ -329,10 +378,16 @@ def run_entry(group: str, algorithm: str, setting: str, seed: int, runs_dir: Pat
             break
         failed_rates.append(f"lr {lr} {failure}")
     return {
-        "group": group, "algorithm": algorithm, "setting": setting, "seed": seed,
-        "hyperparameters": hyperparameters(config, algorithm), "metric": spec["metric"], "lr": lr,
+        "group": group,
+        "algorithm": algorithm,
+        "setting": setting,
+        "seed": seed,
+        "hyperparameters": hyperparameters(config, algorithm),
+        "metric": spec["metric"],
+        "lr": lr,
         "fell_back_from": "" if failure else "; ".join(failed_rates),
-        **outcome, "diverged": "; ".join(failed_rates) if failure else "",
+        **outcome,
+        "diverged": "; ".join(failed_rates) if failure else "",
     }
 
 
@@ -387,9 +442,12 @@ def run_or_resume(config: Any, run_dir: Path, spec: dict[str, Any]) -> dict[str,
         result = {"final": "", "best": "", "curve": []}
     rounds = config.train.rounds if diverged_round is None else diverged_round
     return {
-        "rounds": rounds, "excluded_updates": totals["excluded_updates"],
-        "seconds": round(totals["seconds"], 1), "seconds_per_round": round(totals["seconds"] / rounds, 2),
-        "diverged": "" if diverged_round is None else f"diverged in round {diverged_round}", **result,
+        "rounds": rounds,
+        "excluded_updates": totals["excluded_updates"],
+        "seconds": round(totals["seconds"], 1),
+        "seconds_per_round": round(totals["seconds"] / rounds, 2),
+        "diverged": "" if diverged_round is None else f"diverged in round {diverged_round}",
+        **result,
     }
 
 
@@ -417,8 +475,11 @@ def planned(groups: list[str], algorithms: list[str] | None, seeds: list[int]) -
                 for group in groups:
                     spec = GROUPS[group]
                     if setting_index < len(spec["settings"]):
-                        order += [(group, algorithm, spec["settings"][setting_index], seed) for algorithm in spec[tier]
-                                  if algorithms is None or algorithm in algorithms]
+                        order += [
+                            (group, algorithm, spec["settings"][setting_index], seed)
+                            for algorithm in spec[tier]
+                            if algorithms is None or algorithm in algorithms
+                        ]
     return order
 
 
@@ -458,14 +519,22 @@ def run_all(args: argparse.Namespace) -> None:
             tune(sweep, args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
             tuning = read_csv(TUNING_CSV)
         result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning, collapsed.get(entry))
-        replace_entry(curves_csv, CURVE_FIELDS, entry, [
-            {"group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "round": r, "value": v}
-            for r, v in result["curve"]
-        ])
+        replace_entry(
+            curves_csv,
+            CURVE_FIELDS,
+            entry,
+            [
+                {"group": group, "algorithm": algorithm, "setting": setting, "seed": seed, "round": r, "value": v}
+                for r, v in result["curve"]
+            ],
+        )
         replace_entry(results_csv, RESULT_FIELDS, entry, [result])
         outcome = result["diverged"] or f"final={result['final']:.4f}  best={result['best']:.4f}"
-        print(f"{group:12s} {algorithm:18s} {setting:8s} seed={seed}  {outcome}  ({result['seconds_per_round']:.1f} s/round)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{group:12s} {algorithm:18s} {setting:8s} seed={seed}  {outcome}  ({result['seconds_per_round']:.1f} s/round)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def sweep_order() -> list[str]:
@@ -486,8 +555,9 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     spec = load_sweep(SWEEPS / f"{sweep}.yaml")
     spec.output.dir = str(runs_dir.resolve())  # as recorded in a started sweep's file, whatever the working directory
     # A sweep started from an older version of its file would resume with the old settings.
-    started = sorted(path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}")
-                     if load_sweep(path.parent / SWEEP_FILE).to_yaml() == spec.to_yaml())
+    started = sorted(
+        path.parent for path in runs_dir.glob(f"{sweep}-*/{META_FILE}") if load_sweep(path.parent / SWEEP_FILE).to_yaml() == spec.to_yaml()
+    )
     if started and read_meta(started[-1])["status"] == "finished":
         sweep_dir = started[-1]
     else:
@@ -500,18 +570,28 @@ def tune(sweep: str, runs_dir: Path, trust_tune_state: bool = False) -> None:
     trials = read_table(sweep_dir / TRIALS_FILE)
     ranked = ranked_trials(trials, meta["mode"])
     unranked = trials[~trials["trial_id"].isin(ranked["trial_id"])]  # errored, or reported nothing
-    rows = [{
-        "sweep": sweep, "trial_id": trial["trial_id"],
-        "hyperparameters": json.dumps({key: trial[key].item() if hasattr(trial[key], "item") else trial[key]
-                                       for key in meta["swept_keys"]}, sort_keys=True),
-        "status": trial["status"], "rounds": int(trial["round"]), "metric": meta["metric"],
-        "best_metric": "" if pd.isna(trial["best_metric"]) else round(float(trial["best_metric"]), 4),
-        "best_round": "" if pd.isna(trial["best_round"]) else int(trial["best_round"]),
-        "chosen": position == 0,
-    } for position, (_, trial) in enumerate(pd.concat([ranked, unranked]).iterrows())]
+    rows = [
+        {
+            "sweep": sweep,
+            "trial_id": trial["trial_id"],
+            "hyperparameters": json.dumps(
+                {key: trial[key].item() if hasattr(trial[key], "item") else trial[key] for key in meta["swept_keys"]}, sort_keys=True
+            ),
+            "status": trial["status"],
+            "rounds": int(trial["round"]),
+            "metric": meta["metric"],
+            "best_metric": "" if pd.isna(trial["best_metric"]) else round(float(trial["best_metric"]), 4),
+            "best_round": "" if pd.isna(trial["best_round"]) else int(trial["best_round"]),
+            "chosen": position == 0,
+        }
+        for position, (_, trial) in enumerate(pd.concat([ranked, unranked]).iterrows())
+    ]
     write_csv(TUNING_CSV, TUNING_FIELDS, read_csv(TUNING_CSV) + rows)
-    print(f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
-          file=sys.stderr, flush=True)
+    print(
+        f"{sweep}: chose {rows[0]['hyperparameters']} (validation {meta['metric']} {rows[0]['best_metric']:.4f})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cell(rows: list[dict[str, str]], key: str, seeds_wanted: int) -> str:
@@ -558,9 +638,12 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
     mean ± std over seeds of the group's ``summary`` value (:func:`cell`); the best cell of a column
     among those with every seed is bold."""
     planned_count = len(planned(list(GROUPS), None, list(range(seeds_wanted))))
-    done = (f"All {planned_count} entries have finished" if len(results) == planned_count else
-            f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
-            "has not run on every seed yet")
+    done = (
+        f"All {planned_count} entries have finished"
+        if len(results) == planned_count
+        else f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
+        "has not run on every seed yet"
+    )
     lines = [f"{done}; † marks a seed run at a lower learning rate than its tuned one."]
     cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
@@ -573,12 +656,20 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
             values = [float(r[key]) for r in trained(algorithm, setting)]
             return float(np.mean(values)) if values else -np.inf
 
-        best = {setting: max((a for a in table_algorithms(spec) if len(trained(a, setting)) == seeds_wanted),
-                             key=lambda a: mean(a, setting), default=None) for setting in spec["settings"]}
+        best = {
+            setting: max(
+                (a for a in table_algorithms(spec) if len(trained(a, setting)) == seeds_wanted),
+                key=lambda a: mean(a, setting),
+                default=None,
+            )
+            for setting in spec["settings"]
+        }
         what = {"last_fifth": f"mean of {window_label(spec['rounds'])}", "final": f"round {spec['rounds']}"}[key]
-        lines += ["", f"| {title}, `{spec['metric']}` (%), {what} | "
-                  + " | ".join(SETTING_LABELS[s] for s in spec["settings"]) + " |",
-                  "|---" * (1 + len(spec["settings"])) + "|"]
+        lines += [
+            "",
+            f"| {title}, `{spec['metric']}` (%), {what} | " + " | ".join(SETTING_LABELS[s] for s in spec["settings"]) + " |",
+            "|---" * (1 + len(spec["settings"])) + "|",
+        ]
         for algorithm in sorted(table_algorithms(spec), key=lambda a: -mean(a, spec["settings"][0])):
             cells = []
             for setting in spec["settings"]:
@@ -600,11 +691,13 @@ def excluded_line(results: list[dict[str, str]], group: str) -> str:
     """Which finished entries of ``group`` had client updates excluded as non-finite, and how many
     (a run excludes a NaN/inf update from aggregation instead of stopping; see docs/architecture.md)."""
     counted = [r for r in results if r["group"] == group and r.get("excluded_updates", "") != ""]
-    hit = [f"{r['algorithm']} {r['setting']} seed {r['seed']}: {r['excluded_updates']}"
-           for r in counted if int(r["excluded_updates"]) > 0]
+    hit = [f"{r['algorithm']} {r['setting']} seed {r['seed']}: {r['excluded_updates']}" for r in counted if int(r["excluded_updates"]) > 0]
     updates = GROUPS[group]["rounds"] * GROUPS[group]["clients_per_round"]
-    return (f"Non-finite client updates excluded from aggregation (of {updates:,} per entry): "
-            + ("; ".join(hit) if hit else "none") + f" ({entries(len(counted))} counted).")
+    return (
+        f"Non-finite client updates excluded from aggregation (of {updates:,} per entry): "
+        + ("; ".join(hit) if hit else "none")
+        + f" ({entries(len(counted))} counted)."
+    )
 
 
 def fifths(rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -629,10 +722,16 @@ def window_means(curves: list[dict[str, str]], window: tuple[int, int]) -> dict[
 
 def fallback_line(results: list[dict[str, str]], group: str) -> str:
     """The finished entries of ``group`` whose tuned learning rate diverged or collapsed, and the rate shown (†)."""
-    fell_back = [f"{r['algorithm']} {r['setting']} seed {r['seed']} ({r['fell_back_from']}; shown at lr {r['lr']})"
-                 for r in results if r["group"] == group and r.get("fell_back_from")]
-    return "† The tuned learning rate diverged or collapsed; the entry ran again at the next lower rate of its sweep's grid: " + (
-        "; ".join(fell_back) if fell_back else "none") + "."
+    fell_back = [
+        f"{r['algorithm']} {r['setting']} seed {r['seed']} ({r['fell_back_from']}; shown at lr {r['lr']})"
+        for r in results
+        if r["group"] == group and r.get("fell_back_from")
+    ]
+    return (
+        "† The tuned learning rate diverged or collapsed; the entry ran again at the next lower rate of its sweep's grid: "
+        + ("; ".join(fell_back) if fell_back else "none")
+        + "."
+    )
 
 
 def flatness_line(curves: list[dict[str, str]], group: str) -> str:
@@ -644,10 +743,12 @@ def flatness_line(curves: list[dict[str, str]], group: str) -> str:
     if not changes:
         return "Flattening: no finished curve yet."
     largest = max(changes, key=lambda key: abs(changes[key]))
-    return (f"Flattening: mean over rounds {last_fifth[0] + 1}–{last_fifth[1]} minus mean over rounds "
-            f"{fifth_before[0] + 1}–{fifth_before[1]}, "
-            f"median {np.median(list(changes.values())):+.2f} points over {entries(len(changes))}; largest "
-            f"{changes[largest]:+.2f} ({largest[1]} {largest[2]} seed {largest[3]}).")
+    return (
+        f"Flattening: mean over rounds {last_fifth[0] + 1}–{last_fifth[1]} minus mean over rounds "
+        f"{fifth_before[0] + 1}–{fifth_before[1]}, "
+        f"median {np.median(list(changes.values())):+.2f} points over {entries(len(changes))}; largest "
+        f"{changes[largest]:+.2f} ({largest[1]} {largest[2]} seed {largest[3]})."
+    )
 
 
 def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[str]:
@@ -661,9 +762,11 @@ def in_progress(runs_dir: Path, done: set[tuple[str, str, str, int]]) -> list[st
                 continue
             rows = [r for r in read_metrics(run_dir) if r.get(spec["metric"]) is not None]
             if rows:
-                lines.append(f"- {group} / {algorithm} / {setting} / seed {seed[1:]}{''.join(f' / {f}' for f in fallback)}: "
-                             f"round {rows[-1]['round']} "
-                             f"of {spec['rounds']}, `{spec['metric']}` {100 * rows[-1][spec['metric']]:.2f} %")
+                lines.append(
+                    f"- {group} / {algorithm} / {setting} / seed {seed[1:]}{''.join(f' / {f}' for f in fallback)}: "
+                    f"round {rows[-1]['round']} "
+                    f"of {spec['rounds']}, `{spec['metric']}` {100 * rows[-1][spec['metric']]:.2f} %"
+                )
     return lines
 
 
@@ -686,8 +789,10 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
         values = ", ".join(f"`{key}={value}`" for key, value in json.loads(chosen["hyperparameters"]).items())
         diverged = sum(row["status"] == "ERROR" for row in rows)
         full = sum(int(row["rounds"]) == max(int(r["rounds"]) for r in rows) for row in rows)
-        lines.append(f"| {sweep} | {values} | {chosen['metric']} {100 * float(chosen['best_metric']):.2f} | "
-                     f"{full} / {len(rows) - full - diverged} / {diverged} |")
+        lines.append(
+            f"| {sweep} | {values} | {chosen['metric']} {100 * float(chosen['best_metric']):.2f} | "
+            f"{full} / {len(rows) - full - diverged} / {diverged} |"
+        )
     return lines + [""]
 
 
@@ -701,8 +806,11 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summa
     trained = {entry_key(row) for row in results if not row.get("diverged")}
     curves = [row for row in read_csv(out.with_name(out.stem + "_curves.csv")) if entry_key(row) in trained]
     # The final round alone swings with the clients it sampled (the same for every algorithm of a seed).
-    last_fifth = {key: mean for group, spec in GROUPS.items()
-                  for key, mean in window_means([r for r in curves if r["group"] == group], fifths(spec["rounds"])[0]).items()}
+    last_fifth = {
+        key: mean
+        for group, spec in GROUPS.items()
+        for key, mean in window_means([r for r in curves if r["group"] == group], fifths(spec["rounds"])[0]).items()
+    }
     results = [{**row, "last_fifth": last_fifth.get(entry_key(row), "")} for row in results]
     lines = ["", *tuning_lines(tuning)]
     cells_rows = rows_by_cell(results)
@@ -738,17 +846,27 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summa
     text = md.read_text() if md.is_file() else f"# Fashion-MNIST results\n\n{TABLE_START}\n{TABLE_END}\n"
     md.write_text(replace_between(text, TABLE_START, TABLE_END, table + "\n", md))
     if summary_page is not None:
-        page = (summary_page.read_text() if summary_page.is_file()
-                else f"# Fashion-MNIST summary\n\n{SUMMARY_START}\n{SUMMARY_END}\n")
-        summary_page.write_text(replace_between(page, SUMMARY_START, SUMMARY_END,
-                                                "\n".join(summary_lines(results, seeds_wanted)), summary_page))
+        page = summary_page.read_text() if summary_page.is_file() else f"# Fashion-MNIST summary\n\n{SUMMARY_START}\n{SUMMARY_END}\n"
+        summary_page.write_text(
+            replace_between(page, SUMMARY_START, SUMMARY_END, "\n".join(summary_lines(results, seeds_wanted)), summary_page)
+        )
     plot_curves(curves, out.with_suffix(".png"))
     print(table)
 
 
 #: Round-row columns every run has; the others are the algorithm's own diagnostics (SCAFFOLD's control_norm).
-COMMON_ROUND_COLUMNS = {"scope", "client_id", "round", "clients", "excluded_updates", "worker_restarts", "train_loss",
-                        "lr", "seconds", "test_loss"}
+COMMON_ROUND_COLUMNS = {
+    "scope",
+    "client_id",
+    "round",
+    "clients",
+    "excluded_updates",
+    "worker_restarts",
+    "train_loss",
+    "lr",
+    "seconds",
+    "test_loss",
+}
 
 
 def diagnose(run_dir: Path, first: int, last: int) -> str:
@@ -765,9 +883,11 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     clients = table[table["scope"] == "client"].dropna(axis=1, how="all")
     loss = client_loss_key(clients.columns)
     own = [c for c in rounds.columns if c not in COMMON_ROUND_COLUMNS and c != "test_accuracy"]
-    lines = [f"{run_dir.name}: client {loss}, median and largest per round",
-             "| round | test_accuracy | " + " | ".join(own) + f" | median {loss} | largest {loss} (client) |",
-             "|---" * (4 + len(own)) + "|"]
+    lines = [
+        f"{run_dir.name}: client {loss}, median and largest per round",
+        "| round | test_accuracy | " + " | ".join(own) + f" | median {loss} | largest {loss} (client) |",
+        "|---" * (4 + len(own)) + "|",
+    ]
     for round, cohort in clients.groupby("round"):
         worst = cohort.loc[cohort[loss].idxmax()]
         row = rounds.loc[round] if round in rounds.index else {}
@@ -817,7 +937,7 @@ def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
 
     panels = [(group, setting) for group, spec in GROUPS.items() for setting in spec["settings"]]
     fig, axes = plt.subplots(len(GROUPS), 2, figsize=(12, 4 * len(GROUPS)), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     by_entry = curves_by_entry(curves)
     for ax, (group, setting) in zip(axes.flat, panels):
@@ -843,24 +963,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
     parser.add_argument("--algorithms", nargs="+", default=None, help="only these algorithms (default: all of each group)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra override for every run (changes the protocol: use another --out)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="table to write; the CSVs and the PNG sit next to it")
-    parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "real_table",
-                        help="run directories (checkpoints of unfinished entries)")
+    parser.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override for every run (changes the protocol: use another --out)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="table to write; the CSVs and the PNG sit next to it")
+    parser.add_argument(
+        "--runs-dir", type=Path, default=REPO / "runs" / "real_table", help="run directories (checkpoints of unfinished entries)"
+    )
     parser.add_argument("--report", action="store_true", help="only regenerate the table and the figure from the CSVs")
-    parser.add_argument("--diagnose", type=Path, metavar="RUN_DIR",
-                        help="only print a run's accuracy, diagnostics and client losses per round (a run folder "
-                             "under --runs-dir, e.g. runs/real_table/global-scaffold-dir0.1-s0-lr0.05)")
-    parser.add_argument("--replay-warnings", nargs="+", type=Path, metavar="FOLDER",
-                        help="only replay the blow-up warning over every run folder in these folders (e.g. "
-                             "runs/real_table runs/real_table_sweeps/*/trials) and print where it fires")
-    parser.add_argument("--rounds", type=int, nargs=2, default=[1, 10**9], metavar=("FIRST", "LAST"),
-                        help="with --diagnose: only these rounds")
-    parser.add_argument("--trust-tune-state", action="store_true",
-                        help="resume a sweep whose Tune state changed after fedray recorded it (this script was "
-                             "stopped while Tune was saving); only for a sweep folder you trust")
+    parser.add_argument(
+        "--diagnose",
+        type=Path,
+        metavar="RUN_DIR",
+        help="only print a run's accuracy, diagnostics and client losses per round (a run folder "
+        "under --runs-dir, e.g. runs/real_table/global-scaffold-dir0.1-s0-lr0.05)",
+    )
+    parser.add_argument(
+        "--replay-warnings",
+        nargs="+",
+        type=Path,
+        metavar="FOLDER",
+        help="only replay the blow-up warning over every run folder in these folders (e.g. "
+        "runs/real_table runs/real_table_sweeps/*/trials) and print where it fires",
+    )
+    parser.add_argument(
+        "--rounds", type=int, nargs=2, default=[1, 10**9], metavar=("FIRST", "LAST"), help="with --diagnose: only these rounds"
+    )
+    parser.add_argument(
+        "--trust-tune-state",
+        action="store_true",
+        help="resume a sweep whose Tune state changed after fedray recorded it (this script was "
+        "stopped while Tune was saving); only for a sweep folder you trust",
+    )
     args = parser.parse_args(argv)
     if args.diagnose:
         print(diagnose(args.diagnose, *args.rounds))

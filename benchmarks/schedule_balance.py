@@ -48,10 +48,13 @@ def main() -> None:
     algorithm = build_algorithm(config, data)
     samples = data.clients.sizes * config.train.local_epochs
     compute = samples * client_forward_flops(algorithm, data)
-    before, after = (slowest_over_mean(config, costs, compute, args.rounds, algorithm.keeps_client_state)
-                     for costs in (samples * 1.0, compute))
-    print(f"{config.algorithm.name}, {data.num_clients} clients, {config.resources.num_workers} workers, {args.rounds} rounds: "
-          f"slowest worker's compute / mean {before:.3f} (costed by samples) -> {after:.3f} (by samples × model FLOPs)")
+    before, after = (
+        slowest_over_mean(config, costs, compute, args.rounds, algorithm.keeps_client_state) for costs in (samples * 1.0, compute)
+    )
+    print(
+        f"{config.algorithm.name}, {data.num_clients} clients, {config.resources.num_workers} workers, {args.rounds} rounds: "
+        f"slowest worker's compute / mean {before:.3f} (costed by samples) -> {after:.3f} (by samples × model FLOPs)"
+    )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,13 @@ def _run(command: list[str], cwd: str) -> tuple[float, TreeCPU, str]:
 def run_plain_once(scratch: str) -> dict[str, float]:
     seconds, cpu, stdout = _run([sys.executable, __file__, "--plain-child"], scratch)
     reported = json.loads(stdout.strip().splitlines()[-1])
-    return {"first_round": reported["first_round_s"], "end_to_end": seconds, "cpu_first_round": cpu.at(reported["first_round_s"]),
-            "cpu_end_to_end": cpu.at(seconds), "final_accuracy": reported["final_accuracy"]}
+    return {
+        "first_round": reported["first_round_s"],
+        "end_to_end": seconds,
+        "cpu_first_round": cpu.at(reported["first_round_s"]),
+        "cpu_end_to_end": cpu.at(seconds),
+        "final_accuracy": reported["final_accuracy"],
+    }
 
 
 def run_fedray_once(scratch: str, w1: list[str]) -> dict[str, float]:
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in TARGETS:
         figures[f"ratio_{name}"] = figures[f"fedray_{name}_s"] / figures[f"plain_{name}_s"]
     cores = len(os.sched_getaffinity(0))
-    for name, target in TARGETS.items():
+    for name in TARGETS:
         # No schedule of fedray's processes on these cores gets there before its CPU seconds / cores.
         figures[f"ratio_{name}_cpu_floor"] = figures[f"fedray_cpu_{name}_s"] / cores / figures[f"plain_{name}_s"]
     width = max(map(len, figures))
@@ -162,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<{width}}  {value:.3f}")
     for name, target in TARGETS.items():
         ratio = figures[f"ratio_{name}"]
-        print(f"target: ratio_{name} <= {target} -> {'met' if ratio <= target else 'NOT met'} (CPU floor on "
-              f"{cores} cores: {figures[f'ratio_{name}_cpu_floor']:.2f})")
+        print(
+            f"target: ratio_{name} <= {target} -> {'met' if ratio <= target else 'NOT met'} (CPU floor on "
+            f"{cores} cores: {figures[f'ratio_{name}_cpu_floor']:.2f})"
+        )
     if args.json:
         args.json.write_text(json.dumps({**figures, "runs": runs}, indent=2))
     return 0

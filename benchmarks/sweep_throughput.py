@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     identical = same_results(cold_rounds, warm_rounds)
     print(f"warm over cold trials/hour: {warm['trials_per_hour'] / cold['trials_per_hour']:.2f}x")
     print(f"metrics identical in both sweeps: {'yes' if identical else 'NO'}")
-    print(f"target: warm wall / (sum of round times + Ray start-up) <= {TARGET_RATIO:g} -> {'met' if warm['ratio'] <= TARGET_RATIO else 'NOT met'}")
+    print(
+        f"target: warm wall / (sum of round times + Ray start-up) <= {TARGET_RATIO:g} -> {'met' if warm['ratio'] <= TARGET_RATIO else 'NOT met'}"
+    )
     if args.json:
         args.json.write_text(json.dumps({"cold": cold, "warm": warm, "identical": identical}, indent=2))
     return 0 if identical else 1

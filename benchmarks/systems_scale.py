@@ -67,7 +67,10 @@ def main() -> None:
     del systems
 
     with tempfile.TemporaryDirectory() as run_dir:
-        engines = {name: RoundEngine(config, data, run_dir, LocalPool(config, data, run_dir)) for name, config in (("off", off_config), ("on", on_config))}
+        engines = {
+            name: RoundEngine(config, data, run_dir, LocalPool(config, data, run_dir))
+            for name, config in (("off", off_config), ("on", on_config))
+        }
         seconds: dict[str, list[float]] = {"off": [], "on": []}
         systems_seconds: list[float] = []
         for round in range(1, args.rounds + 1):
@@ -75,7 +78,11 @@ def main() -> None:
                 started = time.perf_counter()
                 row = engine.run_round(round)["round"]
                 seconds[name].append(time.perf_counter() - started)
-                print(f"round {round} {name}: {seconds[name][-1]:.2f} s, {row['clients']} clients trained" + (f", selected {row['selected']}, dropped {row['dropped']}, late {row['late']}" if name == "on" else ""), flush=True)
+                print(
+                    f"round {round} {name}: {seconds[name][-1]:.2f} s, {row['clients']} clients trained"
+                    + (f", selected {row['selected']}, dropped {row['dropped']}, late {row['late']}" if name == "on" else ""),
+                    flush=True,
+                )
             systems = engines["on"].systems
             clock = systems.clock
             started = time.perf_counter()

@@ -28,8 +28,18 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fedavg_text_std
 def example_overrides(rounds: int) -> list[str]:
     """The example config as ``--set`` overrides, with SGD and ``rounds`` rounds."""
     sections = yaml.safe_load(EXAMPLE.read_text())
-    overrides = [f"{section}.{key}={value}" for section, values in sections.items() if isinstance(values, dict) for key, value in values.items()]
-    return [*overrides, "train.optimizer=sgd", "train.lr=0.5", f"train.rounds={rounds}", "checkpoint.every=1000", "output.tensorboard=false", "output.plots=false"]
+    overrides = [
+        f"{section}.{key}={value}" for section, values in sections.items() if isinstance(values, dict) for key, value in values.items()
+    ]
+    return [
+        *overrides,
+        "train.optimizer=sgd",
+        "train.lr=0.5",
+        f"train.rounds={rounds}",
+        "checkpoint.every=1000",
+        "output.tensorboard=false",
+        "output.plots=false",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         on_ray = run_fedray([*overrides, "resources.backend=ray", "resources.num_workers=2"], scratch)
     print(f"{'':<22}{'s/round':>10}{'× plain':>10}{'end to end s':>14}{'final acc.':>12}")
     for name, run in (("plain PyTorch loop", plain), ("fedray local, 1 worker", local), ("fedray Ray, 2 workers", on_ray)):
-        print(f"{name:<22}{run['steady_round_s']:>10.3f}{run['steady_round_s'] / plain['steady_round_s']:>10.2f}"
-              f"{run['end_to_end_s']:>14.1f}{run['final_accuracy']:>12.4f}")
+        print(
+            f"{name:<22}{run['steady_round_s']:>10.3f}{run['steady_round_s'] / plain['steady_round_s']:>10.2f}"
+            f"{run['end_to_end_s']:>14.1f}{run['final_accuracy']:>12.4f}"
+        )
     return 0
 
 

@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                 value, accuracy[name] = steady_seconds(model, args.rounds, scratch)
                 seconds[name].append(value)
     for name, runs in seconds.items():
-        print(f"{name:<20} {statistics.median(runs):.4f} s/round   (runs {', '.join(f'{s:.4f}' for s in runs)}; final acc. {accuracy[name]:.4f})")
+        print(
+            f"{name:<20} {statistics.median(runs):.4f} s/round   (runs {', '.join(f'{s:.4f}' for s in runs)}; final acc. {accuracy[name]:.4f})"
+        )
     ratio = statistics.median(seconds["user PlainSmallCNN"]) / statistics.median(seconds["built-in cnn_small"])
     print(f"ratio user / built-in: {ratio:.3f}   target <= 1.10 -> {'met' if ratio <= 1.10 else 'NOT met'}")
     return 0

@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             plain_runs.append(run_plain(W1))
             local_runs.append(run_fedray(W1 + ["resources.backend=local", "resources.num_workers=1"], scratch))
         plain_w1, local_w1 = median_run(plain_runs), median_run(local_runs)
-        ray1_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=1"], scratch)  # starts Ray: its start-up is measured here
+        ray1_w1 = run_fedray(
+            W1 + ["resources.backend=ray", "resources.num_workers=1"], scratch
+        )  # starts Ray: its start-up is measured here
         ray2_w1 = run_fedray(W1 + ["resources.backend=ray", "resources.num_workers=2"], scratch)
     ray.shutdown()
     if local_w1["final_accuracy"] != ray1_w1["final_accuracy"]:  # the same worker count: bit-identical by design
@@ -206,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio = figures["ratio_local_end_to_end_over_plain"]
     print(f"target: ratio_local_end_to_end_over_plain <= 1.1 -> {'met' if ratio <= 1.1 else 'NOT met'}")
     if args.json:
-        rounds = {f"{name}_round_s": run["round_s"] for name, run in (("plain", plain_w1), ("local", local_w1), ("ray1", ray1_w1), ("ray2", ray2_w1))}
+        rounds = {
+            f"{name}_round_s": run["round_s"]
+            for name, run in (("plain", plain_w1), ("local", local_w1), ("ray1", ray1_w1), ("ray2", ray2_w1))
+        }
         args.json.write_text(json.dumps({**figures, **rounds}, indent=2))
     return 0
 

@@ -1,10 +1,21 @@
-"""Shared fixtures. One real local Ray instance per test session (started on first use), small data."""
+"""Shared fixtures. One real local Ray instance per test session (started on first use), small data.
+
+The tests mirror the package (``tests/algorithms/``, ``tests/runtime/``, ...). Shared helpers are
+modules here (``e2e_helpers``, ``fault_injection``, ``federation_helpers``) and a few test modules that
+others import from (``test_bad_inputs.assert_rejected``, ``test_personalized.simulate``, ...): every
+test folder is put on the import path, so such an import works from any folder."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted(path for path in _TESTS.iterdir() if path.is_dir() and path.name.isidentifier() and any(path.glob("test_*.py"))):
+    sys.path.insert(0, str(_folder))
 
 torch.set_num_threads(1)
 

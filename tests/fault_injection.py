@@ -61,5 +61,4 @@ CrashingHeteroSSFL = crashing(HeteroSSFL)
 
 def crash_overrides(algorithm: str, round: int, marker: os.PathLike | str) -> list[str]:
     """The overrides that turn a run of ``algorithm`` (one of the three above) into its crashing twin."""
-    return [f"algorithm.name=fault_injection:Crashing{algorithm}", f"algorithm.crash_round={round}",
-            f"algorithm.crash_marker={marker}"]
+    return [f"algorithm.name=fault_injection:Crashing{algorithm}", f"algorithm.crash_round={round}", f"algorithm.crash_marker={marker}"]

@@ -30,10 +30,16 @@ class DigitsNet(nn.Module):
     def __init__(self, in_channels: int, image_size: int, num_classes: int, width: int = 16, hidden: int = 64) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, kernel_size=3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, kernel_size=3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(2 * width * (image_size // 2) ** 2, hidden), nn.ReLU(),
+            nn.Conv2d(in_channels, width, kernel_size=3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, kernel_size=3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * width * (image_size // 2) ** 2, hidden),
+            nn.ReLU(),
         )
         self.head = nn.Linear(hidden, num_classes)  # the last nn.Linear: fedray's classifier
 
@@ -49,14 +55,20 @@ class TappedDigitsNet(fedray.FedModel):
     def __init__(self, in_channels: int, image_size: int, num_classes: int, width: int = 16, hidden: int = 64) -> None:
         super().__init__()
         self.feature_dim = hidden
-        self.encoder = nn.ModuleDict({
-            "conv": nn.Sequential(
-                nn.Conv2d(in_channels, width, kernel_size=3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-                nn.Conv2d(width, 2 * width, kernel_size=3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
-                nn.MaxPool2d(2),
-            ),
-            "fc": nn.Sequential(nn.Flatten(), nn.Linear(2 * width * (image_size // 2) ** 2, hidden), nn.ReLU()),
-        })
+        self.encoder = nn.ModuleDict(
+            {
+                "conv": nn.Sequential(
+                    nn.Conv2d(in_channels, width, kernel_size=3, padding=1),
+                    nn.BatchNorm2d(width),
+                    nn.ReLU(),
+                    nn.Conv2d(width, 2 * width, kernel_size=3, padding=1),
+                    nn.BatchNorm2d(2 * width),
+                    nn.ReLU(),
+                    nn.MaxPool2d(2),
+                ),
+                "fc": nn.Sequential(nn.Flatten(), nn.Linear(2 * width * (image_size // 2) ** 2, hidden), nn.ReLU()),
+            }
+        )
         self.projector = None  # model.projection_dim replaces it with fedray's projection head
         self.classifier = nn.Linear(hidden, num_classes)
 

@@ -115,8 +115,7 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
             ) from None
         return _checked(loaded, f"entry point {name} = {installed[name].value!r}")
     raise ConfigError(
-        f"invalid config:\n  algorithm.name: unknown algorithm {name!r} (allowed: {', '.join(ALGORITHMS)}, "
-        "or package.module:ClassName)"
+        f"invalid config:\n  algorithm.name: unknown algorithm {name!r} (allowed: {', '.join(ALGORITHMS)}, or package.module:ClassName)"
     )
 
 

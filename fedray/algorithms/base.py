@@ -174,9 +174,7 @@ class Algorithm:
         """What every client of ``round`` receives (``round`` = the round about to be trained)."""
         return {"weights": server_state["weights"]}
 
-    def aggregate(
-        self, server_state: ServerState, round: int, results: RoundResults
-    ) -> tuple[ServerState, dict[str, float]]:
+    def aggregate(self, server_state: ServerState, round: int, results: RoundResults) -> tuple[ServerState, dict[str, float]]:
         """New server state and per-round diagnostics. Default: FedAvg (sample-weighted mean)."""
         return {**server_state, "weights": weighted_mean(results.sums)}, {}
 
@@ -194,9 +192,7 @@ class Algorithm:
         """Logits for normalised inputs; FedProto-style algorithms override (nearest prototype)."""
         return model(x)
 
-    def evaluate_global(
-        self, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor
-    ) -> dict[str, float]:
+    def evaluate_global(self, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor) -> dict[str, float]:
         """Sums (``correct``, ``loss_sum``, ``count``) of the global model on a test shard."""
         self.load_global_model(model, broadcast)
         return classification_sums(self, model, broadcast, x, y, self.config.eval.batch_size)

@@ -41,11 +41,7 @@ from fedray.models import FedModel
 def batchnorm_keys(model: FedModel) -> list[str]:
     """The floating-point state-dict keys of every BatchNorm module of ``model``, in state-dict order."""
     bn_modules = {name for name, module in model.named_modules() if isinstance(module, _BatchNorm)}
-    return [
-        key
-        for key, value in model.state_dict().items()
-        if value.is_floating_point() and key.rpartition(".")[0] in bn_modules
-    ]
+    return [key for key, value in model.state_dict().items() if value.is_floating_point() and key.rpartition(".")[0] in bn_modules]
 
 
 class FedBN(PersonalizedAlgorithm):

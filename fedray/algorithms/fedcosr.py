@@ -72,12 +72,8 @@ class FedCoSRParams(PersonalizedParams):
     tau: float = Field(0.5, gt=0, description="InfoNCE temperature τ_CL (Eq. 13)")
     contrast_weight: float = Field(1.0, ge=0, description="weight α of the contrastive term (Eq. 14)")
     gamma: float = Field(1.0, gt=0, description="sensitivity γ of λ = exp(-γ L_Reg) (Eq. 7)")
-    fixed_lambda: float | None = Field(
-        None, ge=0, le=1, description="use this λ every round instead of Eq. 7 (0: the w/o LA ablation)"
-    )
-    first_round_lambda: float | None = Field(
-        None, ge=0, le=1, description="λ while a client has no L_Reg yet (None: probe the InfoNCE)"
-    )
+    fixed_lambda: float | None = Field(None, ge=0, le=1, description="use this λ every round instead of Eq. 7 (0: the w/o LA ablation)")
+    first_round_lambda: float | None = Field(None, ge=0, le=1, description="λ while a client has no L_Reg yet (None: probe the InfoNCE)")
     invalid_loss: Literal["clamp", "raise"] = Field(
         "clamp", description="negative or non-finite L_Reg: clamp to [0, inf] (NaN -> inf) or raise"
     )
@@ -113,9 +109,7 @@ def centroid_infonce(features: Tensor, labels: Tensor, centroids: Tensor, mask: 
     return multi_positive_info_nce(logits, classes.unsqueeze(0) == labels.unsqueeze(1))
 
 
-def aggregate_centroids(
-    centroids: Tensor, mask: Tensor, class_sums: Tensor, class_counts: Tensor
-) -> tuple[Tensor, Tensor]:
+def aggregate_centroids(centroids: Tensor, mask: Tensor, class_sums: Tensor, class_counts: Tensor) -> tuple[Tensor, Tensor]:
     """Eq. 6 from worker-reduced Σ_i n^i_c ω̄^i_c and Σ_i n^i_c; classes no participant holds keep
     their previous centroid (and mask)."""
     present = class_counts > 0
@@ -171,9 +165,7 @@ class FedCoSR(PersonalizedAlgorithm):
             "centroid_mask": torch.zeros(self.info.num_classes, dtype=torch.bool),
         }
 
-    def aggregate(
-        self, server_state: ServerState, round: int, results: RoundResults
-    ) -> tuple[ServerState, dict[str, float]]:
+    def aggregate(self, server_state: ServerState, round: int, results: RoundResults) -> tuple[ServerState, dict[str, float]]:
         new_state, metrics = super().aggregate(server_state, round, results)
         new_state["centroids"], new_state["centroid_mask"] = aggregate_centroids(
             server_state["centroids"], server_state["centroid_mask"], results.sums["centroid_sums"], results.sums["centroid_counts"]
@@ -210,8 +202,13 @@ class FedCoSR(PersonalizedAlgorithm):
         was_training = model.training
         model.eval()
         probe = probe_reg_loss(
-            model.encode, ctx.x, ctx.y, self.info.normalize,
-            broadcast["centroids"].to(ctx.device), broadcast["centroid_mask"].to(ctx.device), params.tau,
+            model.encode,
+            ctx.x,
+            ctx.y,
+            self.info.normalize,
+            broadcast["centroids"].to(ctx.device),
+            broadcast["centroid_mask"].to(ctx.device),
+            params.tau,
             self.config.eval.batch_size,
         )
         model.train(was_training)

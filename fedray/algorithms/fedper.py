@@ -7,7 +7,7 @@ whole model on cross-entropy and uploads only φ. The server averages φ weighte
 π never leaves the client. Evaluation: φ^G + the client's π on its held-out split.
 
 All of this is :class:`~fedray.algorithms.personalized.PersonalizedAlgorithm`'s default behaviour;
-FedCoSR with α = 0 and λ ≡ 0 reduces to it, bit for bit (tests/test_personalized.py checks this).
+FedCoSR with α = 0 and λ ≡ 0 reduces to it, bit for bit (tests/algorithms/test_personalized.py checks this).
 """
 
 from __future__ import annotations

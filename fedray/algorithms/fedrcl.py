@@ -91,9 +91,7 @@ _BELOW_ANY_SIMILARITY = -3.0
 
 
 class FedRCLParams(ServerOptimizerParams):
-    variant: Literal["official", "paper"] = Field(
-        "official", description="official: hard-mined loss of the authors' code; paper: Eq. (5)"
-    )
+    variant: Literal["official", "paper"] = Field("official", description="official: hard-mined loss of the authors' code; paper: Eq. (5)")
     tau: float = Field(0.05, gt=0, description="contrastive temperature τ")
     beta: float = Field(1.0, ge=0, description="divergence-penalty weight β (0: plain SCL, FedSCL)")
     lam: float = Field(0.7, description="similarity threshold λ of the penalty (> 1 disables it; 1 already does for paper)")
@@ -103,15 +101,9 @@ class FedRCLParams(ServerOptimizerParams):
     pos_reduction: Literal["mean", "sum"] = Field(
         "mean", description="paper: mean over positives (Appendix B) or the literal sum of Eq. (5)"
     )
-    levels: list[str] | None = Field(
-        None, description="model tap names used as levels (None: every tap of the model)"
-    )
-    epoch_lr_decay: float = Field(
-        0.998, gt=0, le=1, description="learning rate × epoch_lr_decay^e in local epoch e (1: off)"
-    )
-    weighted: bool = Field(
-        False, description="sample-weighted mean of client models (False: unweighted, as the paper)"
-    )
+    levels: list[str] | None = Field(None, description="model tap names used as levels (None: every tap of the model)")
+    epoch_lr_decay: float = Field(0.998, gt=0, le=1, description="learning rate × epoch_lr_decay^e in local epoch e (1: off)")
+    weighted: bool = Field(False, description="sample-weighted mean of client models (False: unweighted, as the paper)")
 
     @model_validator(mode="after")
     def _variant_specific_keys(self) -> "FedRCLParams":
@@ -139,9 +131,7 @@ class RCLTerms:
 # --------------------------------------------------------------------- the loss, one level
 
 
-def official_rcl_terms(
-    similarities: Tensor, labels: Tensor, tau: float, lam: float, k_pos: int = 1, k_neg: int = 2
-) -> RCLTerms:
+def official_rcl_terms(similarities: Tensor, labels: Tensor, tau: float, lam: float, k_pos: int = 1, k_neg: int = 2) -> RCLTerms:
     """The official code's hard-mined loss (``CLLoss``) from fp32 cosine similarities ``[n, n]``."""
     n = labels.shape[0]
     same = labels[:, None] == labels[None, :]
@@ -232,9 +222,7 @@ class FedRCL(ServerOptimizedAlgorithm):
         wanted = tap_names if self.params.levels is None else self.params.levels
         unknown = [name for name in wanted if name not in tap_names]
         if unknown:
-            raise ValueError(
-                f"algorithm.levels: {unknown} are not taps of model {config.model.name!r} (allowed: {tap_names})"
-            )
+            raise ValueError(f"algorithm.levels: {unknown} are not taps of model {config.model.name!r} (allowed: {tap_names})")
         self.level_indices = [tap_names.index(name) for name in wanted]
         train = config.train
         if self.params.epoch_lr_decay != 1 and (train.optimizer != "sgd" or train.momentum > 0):

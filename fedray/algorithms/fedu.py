@@ -32,7 +32,9 @@ from fedray.models import get_flat_weights, set_flat_weights
 
 
 class FedUParams(DivergenceAwareParams):
-    dapu_threshold: float = Field(0.4, allow_inf_nan=True, description="DAPU threshold μ: take the global predictor when the last divergence is below it")
+    dapu_threshold: float = Field(
+        0.4, allow_inf_nan=True, description="DAPU threshold μ: take the global predictor when the last divergence is below it"
+    )
 
     @field_validator("dapu_threshold")
     @classmethod

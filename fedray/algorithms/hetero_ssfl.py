@@ -101,8 +101,10 @@ class HeteroSSFLParams(SSLParams):
     align_start_round: int = Field(2, ge=2, description="first round with the alignment term (no K̄(0))")
     consensus_form: Literal["kernel", "factor"] = "kernel"
     probe_clients: int | None = Field(
-        None, gt=0, description="clients linear-probed at each evaluation: a seeded sample fixed for the run, "
-        "spread evenly over the architectures (None: every client, the paper's protocol)"
+        None,
+        gt=0,
+        description="clients linear-probed at each evaluation: a seeded sample fixed for the run, "
+        "spread evenly over the architectures (None: every client, the paper's protocol)",
     )
 
 
@@ -236,7 +238,12 @@ class HeteroSSFL(SiameseAlgorithm):
         assert ctx.x_public is not None
         model, params = ctx.model, self.params
         kernel = self._consensus_for(ctx.round, broadcast["consensus"], ctx.device)
-        batches = rad_batches(ctx.x_public.shape[0], params.rad_batch_size, derive_seed(self.config.seed, _RAD_ORDER_STREAM, ctx.round, ctx.client_id), ctx.device)
+        batches = rad_batches(
+            ctx.x_public.shape[0],
+            params.rad_batch_size,
+            derive_seed(self.config.seed, _RAD_ORDER_STREAM, ctx.round, ctx.client_id),
+            ctx.device,
+        )
 
         def term() -> tuple[Tensor, dict[str, Tensor]]:
             index = next(batches)

@@ -41,8 +41,17 @@ class ClientSGD:
         """Parameters without a gradient this step are skipped, their momentum kept, as in torch.optim.SGD."""
         stepped = [i for i, p in enumerate(self.parameters) if p.grad is not None]
         buffers = [self.momentum_buffers[i] for i in stepped]
-        sgd([self.parameters[i] for i in stepped], [self.parameters[i].grad for i in stepped], buffers,
-            weight_decay=self.weight_decay, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=False, maximize=False)
+        sgd(
+            [self.parameters[i] for i in stepped],
+            [self.parameters[i].grad for i in stepped],
+            buffers,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
         for i, buffer in zip(stepped, buffers):  # sgd() puts a new buffer in the list on a first step
             self.momentum_buffers[i] = buffer
 

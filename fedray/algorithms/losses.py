@@ -119,9 +119,7 @@ def single_mean_positive_contrastive_loss(
     return first_positive_info_nce(torch.cat([positive, negatives], dim=1) / tau)
 
 
-def duplicated_positive_anchor_loss(
-    features: Tensor, labels: Tensor, anchors: Tensor, anchor_classes: Tensor, tau: float
-) -> Tensor:
+def duplicated_positive_anchor_loss(features: Tensor, labels: Tensor, anchors: Tensor, anchor_classes: Tensor, tau: float) -> Tensor:
     """LCL as the official FedSKC code computes it (``lcl_variant="code"``): logits
     ``[cos(l, c̃^y), cos(l, c̃^1), …, cos(l, c̃^C')] / τ`` with target 0, so the positive is counted
     twice; plain cosine (no 𝒰). Samples whose class has no anchor are skipped."""
@@ -219,9 +217,7 @@ def linear_term(parameters: Iterable[Tensor], directions: Iterable[Tensor], anch
     (SCAFFOLD's ``c − c_i``, FedDyn's ``α λ_k``). Measured from the anchors (the weights the round
     started from), it is 0 at the start of a round, so the reported ``train_loss`` stays near the
     cross-entropy; ``⟨d, p⟩`` alone, with the same gradient, has no lower bound and made it negative."""
-    return sum(
-        (d.detach() * (p - a.detach())).sum() for p, d, a in zip(parameters, directions, anchors, strict=True)
-    )
+    return sum((d.detach() * (p - a.detach())).sum() for p, d, a in zip(parameters, directions, anchors, strict=True))
 
 
 def logit_calibrated_cross_entropy(

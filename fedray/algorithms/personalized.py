@@ -182,9 +182,7 @@ class PersonalizedAlgorithm(Algorithm):
     def broadcast(self, server_state: ServerState, round: int) -> Broadcast:
         return dict(server_state)
 
-    def aggregate(
-        self, server_state: ServerState, round: int, results: RoundResults
-    ) -> tuple[ServerState, dict[str, float]]:
+    def aggregate(self, server_state: ServerState, round: int, results: RoundResults) -> tuple[ServerState, dict[str, float]]:
         """φ^G = Σ n_k φ_k / Σ n_k (nothing to aggregate when φ is empty, as for Local)."""
         new_state = dict(server_state)
         if "weights" in results.sums:

@@ -29,7 +29,12 @@ def class_means(sums: Tensor, counts: Tensor) -> Tensor:
 
 @torch.no_grad()
 def client_class_sums(
-    embed: Callable[[Tensor], Tensor], x_uint8: Tensor, labels: Tensor, normalize: Callable[[Tensor], Tensor], num_classes: int, batch_size: int = 512
+    embed: Callable[[Tensor], Tensor],
+    x_uint8: Tensor,
+    labels: Tensor,
+    normalize: Callable[[Tensor], Tensor],
+    num_classes: int,
+    batch_size: int = 512,
 ) -> tuple[Tensor, Tensor]:
     """Class sums and counts of ``embed(normalize(x))`` over a client's whole split (no augmentation,
     no gradient), in batches: the prototypes a client uploads after local training."""

@@ -43,7 +43,9 @@ class Requirement:
 
     def message(self, algorithm_name: str, config: RunConfig, info: DatasetInfo) -> str:
         text = f"{self.keys}: {algorithm_name} needs {self.what}; {self.remedy}"
-        return text.replace("{model}", repr(config.model.name)).replace("{data}", repr(config.data.name)).replace("{modality}", info.modality)
+        return (
+            text.replace("{model}", repr(config.model.name)).replace("{data}", repr(config.data.name)).replace("{modality}", info.modality)
+        )
 
 
 BATCHNORM = Requirement(

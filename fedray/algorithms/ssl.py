@@ -111,6 +111,7 @@ def target_pairs(target: nn.Module, online: nn.Module) -> list[tuple[Tensor, Ten
 def two_views(info: DatasetInfo) -> Augmentation:
     """An augmentation for ``local_train``: normalised ``x [B, ...]`` → two independent
     :func:`ssl_views` of it, normalised, stacked as ``[2B, ...]`` (view 1 rows first)."""
+
     def augment(x: Tensor, generator: torch.Generator) -> Tensor:
         mean = torch.tensor(info.mean, device=x.device).view(1, -1, 1, 1)
         std = torch.tensor(info.std, device=x.device).view(1, -1, 1, 1)
@@ -235,8 +236,15 @@ class SiameseAlgorithm(Algorithm):
         test_features = embed(model, model.encode, test[0], self.info, batch)
         p = self.params
         return linear_probe(
-            train_features, train[1], test_features, test[1], p.probe_out_dim or self.info.num_classes,
-            p.probe_epochs, p.probe_lr, p.probe_batch_size, ctx.generator,
+            train_features,
+            train[1],
+            test_features,
+            test[1],
+            p.probe_out_dim or self.info.num_classes,
+            p.probe_epochs,
+            p.probe_lr,
+            p.probe_batch_size,
+            ctx.generator,
         )
 
     def probe_metrics(self, ctx: ClientContext, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> dict[str, float]:

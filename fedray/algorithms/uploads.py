@@ -48,7 +48,9 @@ def undeclared_keys(algorithm: type[Algorithm], update: ClientUpdate) -> list[st
     """The ``sums`` and ``payload`` keys of ``update`` that no upload of ``algorithm`` names."""
     sums = {key for upload in algorithm.uploads for key in upload.sums}
     payload = {key for upload in algorithm.uploads for key in upload.payload}
-    return sorted({f"sums[{key!r}]" for key in update.sums if key not in sums} | {f"payload[{key!r}]" for key in update.payload if key not in payload})
+    return sorted(
+        {f"sums[{key!r}]" for key in update.sums if key not in sums} | {f"payload[{key!r}]" for key in update.payload if key not in payload}
+    )
 
 
 def check_uploads(algorithm: Algorithm) -> None:

@@ -31,11 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "it implements and its algorithm.* keys, defaults and meanings, read from its Params model."
         ),
     )
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help="only these algorithms (a built-in name, an entry point or package.module:ClassName)")
-    parser.add_argument("--format", choices=("text", "yaml"), default="text",
-                        help="text (default): a readable listing; yaml: each algorithm's section with its defaults, "
-                             "ready to paste into a run config")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help="only these algorithms (a built-in name, an entry point or package.module:ClassName)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "yaml"),
+        default="text",
+        help="text (default): a readable listing; yaml: each algorithm's section with its defaults, ready to paste into a run config",
+    )
     parser.set_defaults(handler=algorithms_command)
 
 

@@ -25,10 +25,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("path", help="sweep directory, run directory, or folder of run directories")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 = any free port)")
-    parser.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS", help="how often the page checks for new results (default: 2)")
-    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="a name the page may be opened by besides 127.0.0.1/localhost/[::1] (e.g. this machine's name "
-                             "with --host 0.0.0.0); other Host headers are refused. Repeatable")
+    parser.add_argument(
+        "--refresh", type=float, default=2.0, metavar="SECONDS", help="how often the page checks for new results (default: 2)"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name the page may be opened by besides 127.0.0.1/localhost/[::1] (e.g. this machine's name "
+        "with --host 0.0.0.0); other Host headers are refused. Repeatable",
+    )
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     parser.set_defaults(handler=dashboard_command)
 
@@ -38,7 +45,9 @@ def dashboard_command(args: argparse.Namespace) -> int:
 
     path = Path(args.path).expanduser()
     if not path.exists():
-        raise ConfigError(f"dashboard: {path} does not exist; give a sweep directory (sweeps/<sweep-id>), a run directory or a folder of runs")
+        raise ConfigError(
+            f"dashboard: {path} does not exist; give a sweep directory (sweeps/<sweep-id>), a run directory or a folder of runs"
+        )
     if not path.is_dir():
         raise ConfigError(f"dashboard: {path} is a file, not a directory; give a sweep directory, a run directory or a folder of runs")
     if not 0 <= args.port <= 65535:
@@ -48,7 +57,9 @@ def dashboard_command(args: argparse.Namespace) -> int:
     try:
         server = DashboardServer(path, host=args.host, port=args.port, refresh_seconds=args.refresh, allowed_hosts=args.allow_host)
     except OSError as error:
-        raise ConfigError(f"dashboard: cannot listen on {args.host}:{args.port} ({error.strerror or error}); pick another --port, or --port 0 for any free one") from None
+        raise ConfigError(
+            f"dashboard: cannot listen on {args.host}:{args.port} ({error.strerror or error}); pick another --port, or --port 0 for any free one"
+        ) from None
     except RuntimeError as error:  # plotly or the page's static files missing
         print(f"fedray: {error}", file=sys.stderr)
         return 1

@@ -19,12 +19,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run one simulation from a YAML config (or the defaults) with --set overrides.",
     )
     parser.add_argument("config", nargs="?", help="YAML run config (default: built-in defaults)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. --set data.alpha=0.1 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set data.alpha=0.1 (repeatable)",
+    )
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     parser.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001); default: start a local Ray")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config (YAML, algorithm defaults filled in) and exit: no run, no Ray")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (YAML, algorithm defaults filled in) and exit: no run, no Ray",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -90,6 +100,7 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
     """``before_run``: the process's age when the run started (its imports and config validation);
     ``command_seconds``: its age now, the command's wall time, which the run's own ``seconds``
     (from the call of :func:`~fedray.runtime.run_experiment`) leave out the imports and checks of."""
+
     def percent(value):
         return "n/a" if value is None else f"{100 * value:.2f}%"
 
@@ -99,10 +110,14 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
     print(f"final test acc.    {percent(summary.final_test_accuracy)}")
     print(f"best test acc.     {percent(summary.best_test_accuracy)} (round {summary.best_round})")
     if "personal_accuracy" in summary.final_metrics:
-        print(f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}")
+        print(
+            f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}"
+        )
     where = "local backend, no Ray" if summary.backend == "local" else f"Ray start-up {summary.ray_startup_seconds:.1f} s"
     print(f"wall time          {command_seconds:.1f} s from the command's start (the run {summary.seconds:.1f} s, {where})")
     if summary.first_round_seconds is not None:
         print(f"first round after  {before_run + summary.first_round_seconds:.1f} s (from the command's start)")
     workers = " workers.json," if summary.backend == "ray" else ""
-    print(f"files              config.yaml, metrics.parquet, summary.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/")
+    print(
+        f"files              config.yaml, metrics.parquet, summary.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/"
+    )

@@ -32,7 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--address", help=ADDRESS_HELP)
     submit.add_argument("--working-dir", default=".", type=Path, help="directory uploaded as the job's working directory (default: .)")
-    submit.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="leave files matching this .gitignore-style pattern out of the upload (repeatable)")
+    submit.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave files matching this .gitignore-style pattern out of the upload (repeatable)",
+    )
     submit.add_argument("--follow", action="store_true", help="stream the job's logs and exit with its status")
     submit.add_argument("fedray_args", nargs=argparse.REMAINDER, help="the fedray command to run, after --")
     submit.set_defaults(handler=submit_command)
@@ -86,8 +92,11 @@ def submit_command(args: argparse.Namespace) -> int:
     plan = jobs.plan_upload(args.working_dir, args.exclude)
     for path, reason in plan.skipped_links:
         print(f"fedray: warning: not uploading the link {path}: {reason}", file=sys.stderr)
-    print(f"uploading {args.working_dir}: {plan.files} files, {plan.bytes / 1e6:.1f} MB "
-          f"(left out: {', '.join(jobs.DEFAULT_EXCLUDES)}, .gitignore/.rayignore entries, --exclude)", flush=True)
+    print(
+        f"uploading {args.working_dir}: {plan.files} files, {plan.bytes / 1e6:.1f} MB "
+        f"(left out: {', '.join(jobs.DEFAULT_EXCLUDES)}, .gitignore/.rayignore entries, --exclude)",
+        flush=True,
+    )
     address = jobs.resolve_address(args.address)
     try:
         client = jobs.connect(address)
@@ -133,8 +142,10 @@ def _follow(client: "JobSubmissionClient", job_id: str, address: str) -> int:
     try:
         status = jobs.follow_logs(client, job_id)
     except KeyboardInterrupt:
-        print(f"\nfedray: stopped following; job {job_id} keeps running (`{jobs_command_line('stop', job_id, address=address)}` "
-              "stops it)", file=sys.stderr)
+        print(
+            f"\nfedray: stopped following; job {job_id} keeps running (`{jobs_command_line('stop', job_id, address=address)}` stops it)",
+            file=sys.stderr,
+        )
         return 130
     except RuntimeError as error:  # the log stream broke off (head node lost, network)
         print(f"fedray: {error}; `{jobs_command_line('logs', job_id, address=address)}` shows the job's logs so far", file=sys.stderr)

@@ -19,14 +19,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "errored, 2 invalid input (before Ray starts), 130 interrupted (Ctrl-C or SIGTERM).",
     )
     parser.add_argument("sweep", nargs="?", help="sweep file (YAML)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config for every trial, e.g. --set train.rounds=5 (repeatable)")
-    parser.add_argument("--space", action="append", default=[], metavar="KEY=KIND:[VALUES]", help="replace or add a key of the search space, e.g. --space data.alpha=grid:[0.5] or --space train.lr=loguniform:[0.001,0.1] (KIND: grid, choice, uniform, loguniform, randint; repeatable)")
-    parser.add_argument("--num-samples", type=int, metavar="N", help="samples of the non-grid keys per grid point (replaces the file's num_samples)")
-    parser.add_argument("--max-concurrent", type=int, metavar="N", help="trials running at the same time (replaces the file's max_concurrent_trials)")
-    parser.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep (finished trials are kept); the folder is trusted input")
-    parser.add_argument("--trust-tune-state", action="store_true", help="with --resume: resume although fedray did not record the folder's Tune state (it will be unpickled)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the base run config for every trial, e.g. --set train.rounds=5 (repeatable)",
+    )
+    parser.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="KEY=KIND:[VALUES]",
+        help="replace or add a key of the search space, e.g. --space data.alpha=grid:[0.5] or --space train.lr=loguniform:[0.001,0.1] (KIND: grid, choice, uniform, loguniform, randint; repeatable)",
+    )
+    parser.add_argument(
+        "--num-samples", type=int, metavar="N", help="samples of the non-grid keys per grid point (replaces the file's num_samples)"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, metavar="N", help="trials running at the same time (replaces the file's max_concurrent_trials)"
+    )
+    parser.add_argument(
+        "--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep (finished trials are kept); the folder is trusted input"
+    )
+    parser.add_argument(
+        "--trust-tune-state",
+        action="store_true",
+        help="with --resume: resume although fedray did not record the folder's Tune state (it will be unpickled)",
+    )
     parser.add_argument("--address", help="Ray cluster address (e.g. auto); default: start a local Ray")
-    parser.add_argument("--verbose", action="store_true", help="show Ray Tune's trial table and the trials' output instead of fedray's progress line")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Ray Tune's trial table and the trials' output instead of fedray's progress line"
+    )
     parser.add_argument("--top", type=int, default=5, help="trials shown in the final table (default 5)")
     parser.set_defaults(handler=tune_command)
 
@@ -50,8 +75,11 @@ def tune_command(args: argparse.Namespace) -> int:
         spec = load_sweep(args.sweep, args.overrides, args.space, args.num_samples, args.max_concurrent)
         for override in shadowed_overrides(spec, args.overrides):
             key = override.partition("=")[0].strip()
-            print(f"fedray: warning: --set {override} is shadowed by the sweep's space ({key}: {spec.space[key].to_yaml()}); "
-                  f"use --space {key}=grid:[VALUE] to fix it", file=sys.stderr)
+            print(
+                f"fedray: warning: --set {override} is shadowed by the sweep's space ({key}: {spec.space[key].to_yaml()}); "
+                f"use --space {key}=grid:[VALUE] to fix it",
+                file=sys.stderr,
+            )
         run = lambda: run_sweep(spec, address=args.address, verbose=args.verbose)  # noqa: E731
     try:
         outcome = run()
@@ -60,11 +88,17 @@ def tune_command(args: argparse.Namespace) -> int:
         return 130
     print_outcome(outcome.sweep_dir, args.top)
     if outcome.num_errors:
-        print(f"fedray: {outcome.num_errors} trial(s) errored: see the table above and the error column of "
-              f"{outcome.sweep_dir / 'trials.parquet'}", file=sys.stderr)
+        print(
+            f"fedray: {outcome.num_errors} trial(s) errored: see the table above and the error column of "
+            f"{outcome.sweep_dir / 'trials.parquet'}",
+            file=sys.stderr,
+        )
     if outcome.num_unfinished:  # Tune returns normally when interrupted: the unfinished trials tell
-        print(f"fedray: interrupted with {outcome.num_unfinished} trial(s) unfinished; continue with "
-              f"`fedray tune --resume {outcome.sweep_dir}`", file=sys.stderr)
+        print(
+            f"fedray: interrupted with {outcome.num_unfinished} trial(s) unfinished; continue with "
+            f"`fedray tune --resume {outcome.sweep_dir}`",
+            file=sys.stderr,
+        )
         return 130
     return 0 if outcome.status == "finished" and not outcome.num_errors else 1
 

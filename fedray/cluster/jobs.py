@@ -25,11 +25,9 @@ from typing import Callable, Iterator, TextIO
 
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
+from fedray.cluster import SUBMIT_ADDRESS_VARIABLE
 from fedray.config import ConfigError
 
-#: Set by ``fedray submit`` in the jobs it submits: the job server's URL, which the commands that a
-#: job's messages suggest need (its user reads them on their own machine).
-SUBMIT_ADDRESS_VARIABLE = "FEDRAY_SUBMIT_ADDRESS"
 ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own, in its order of precedence
 # Left out of every upload: never useful to a job, often large or secret. data/, sweeps/ and runs/ only at
 # the top (fedray's own package has a data/ folder); pass data on shared storage or as a URI instead.

@@ -40,9 +40,7 @@ class _StrictSafeLoader(yaml.SafeLoader):
             if not isinstance(key, typing.Hashable):
                 continue  # the plain loader reports an unhashable key itself
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {short_repr(key)}", key_node.start_mark
-                )
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short_repr(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

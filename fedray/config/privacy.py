@@ -53,9 +53,7 @@ class PrivacyConfig(_Section):
         description="the sampling the accountant assumes: poisson (add/remove neighbours, as McMahan et al. and pfl) or "
         "fixed_size (the cohort fedray draws; replace-one neighbours, so the sensitivity is 2C)",
     )
-    population_size: int | None = Field(
-        None, gt=0, description="the population the accountant assumes (None: data.num_clients)"
-    )
+    population_size: int | None = Field(None, gt=0, description="the population the accountant assumes (None: data.num_clients)")
     noise_cohort_size: int | None = Field(
         None,
         gt=0,
@@ -149,4 +147,6 @@ def check_privacy_and_robust(config: RunConfig) -> None:
             f"= {2 * robust.krum_f + 3} (got {cohort})"
         )
     if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > cohort - robust.krum_f:
-        raise ValueError(f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})")
+        raise ValueError(
+            f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})"
+        )

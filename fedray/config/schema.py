@@ -21,8 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from fedray.config.privacy import PrivacyConfig, RobustConfig, check_privacy_and_robust
 
 DATASETS = (
-    "digits", "mnist", "fmnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "synthetic",
-    "imagefolder", "table", "pystdlib_chars", "breast_cancer", "wine",
+    "digits",
+    "mnist",
+    "fmnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "tinyimagenet",
+    "synthetic",
+    "imagefolder",
+    "table",
+    "pystdlib_chars",
+    "breast_cancer",
+    "wine",
 )
 PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity", "natural")
 MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18", "mlp", "char_lstm")
@@ -57,8 +68,7 @@ class DataConfig(Section):
     path: str | None = Field(
         None,
         max_length=4096,
-        description="imagefolder: the image folder (with train/ and test/ subfolders, or one tree); "
-        "table: the .parquet or .csv file",
+        description="imagefolder: the image folder (with train/ and test/ subfolders, or one tree); table: the .parquet or .csv file",
     )
     test_path: str | None = Field(
         None,
@@ -70,16 +80,10 @@ class DataConfig(Section):
         None, gt=0, le=1024, description="imagefolder/table images: resized to this square size (None: the first image's)"
     )
     label_column: str = Field("label", min_length=1, description="table: the integer label column")
-    feature_columns: list[str] | None = Field(
-        None, description="table: the feature columns (None: every other numeric column)"
-    )
+    feature_columns: list[str] | None = Field(None, description="table: the feature columns (None: every other numeric column)")
     image_column: str | None = Field(None, description="table: a column of encoded PNG/JPEG images")
-    sequence_column: str | None = Field(
-        None, description="table: a column of token sequences (lists of ints) or of text (characters)"
-    )
-    client_column: str | None = Field(
-        None, description="table: the client id of every row, for data.partition=natural"
-    )
+    sequence_column: str | None = Field(None, description="table: a column of token sequences (lists of ints) or of text (characters)")
+    client_column: str | None = Field(None, description="table: the client id of every row, for data.partition=natural")
     seq_len: int | None = Field(
         None,
         gt=0,
@@ -91,27 +95,15 @@ class DataConfig(Section):
         None, gt=0, description="data.partition=natural: keep a seeded subset of at most this many samples per client"
     )
     download: bool = False
-    num_clients: int = Field(
-        20, gt=0, le=100_000_000, description="data.partition=natural: must equal the number of client ids"
-    )
+    num_clients: int = Field(20, gt=0, le=100_000_000, description="data.partition=natural: must equal the number of client ids")
     partition: Literal[PARTITIONS] = "dirichlet"  # type: ignore[valid-type]
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (symbol α)")
-    min_samples_per_client: int = Field(
-        2, ge=1, description="dirichlet: redraw until every client has at least this many samples"
-    )
+    min_samples_per_client: int = Field(2, ge=1, description="dirichlet: redraw until every client has at least this many samples")
     classes_per_client: int = Field(2, ge=1, description="shards: label classes per client")
-    quantity_sigma: float = Field(
-        1.0, gt=0, le=10, description="quantity: sigma of the log-normal client sizes"
-    )
-    imbalance_ratio: float = Field(
-        1.0, ge=1, le=10_000, description="dirichlet_equal_size: long-tail ratio n_max/n_min (1 = balanced)"
-    )
-    test_fraction: float = Field(
-        0.2, gt=0, lt=1, description="digits/synthetic: share held out as the global test set"
-    )
-    client_test_fraction: float = Field(
-        0.0, ge=0, lt=1, description="per-client held-out share for personalised evaluation"
-    )
+    quantity_sigma: float = Field(1.0, gt=0, le=10, description="quantity: sigma of the log-normal client sizes")
+    imbalance_ratio: float = Field(1.0, ge=1, le=10_000, description="dirichlet_equal_size: long-tail ratio n_max/n_min (1 = balanced)")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="digits/synthetic: share held out as the global test set")
+    client_test_fraction: float = Field(0.0, ge=0, lt=1, description="per-client held-out share for personalised evaluation")
     public_fraction: float = Field(
         0.0,
         ge=0,
@@ -119,9 +111,7 @@ class DataConfig(Section):
         description="share of the training set held out (seeded) before partitioning as an "
         "unlabelled public set disjoint from every client (FederatedDataset.public)",
     )
-    max_train_samples: int | None = Field(
-        None, gt=0, description="keep a seeded random subset of this many training samples (None: all)"
-    )
+    max_train_samples: int | None = Field(None, gt=0, description="keep a seeded random subset of this many training samples (None: all)")
     validation_fraction: float = Field(
         0.0,
         ge=0,
@@ -153,9 +143,7 @@ class ModelConfig(Section):
 
     name: str = Field("cnn_small", description="a built-in model, torchvision:NAME or package.module:Name")
     norm: Literal["batch", "group"] = "batch"
-    projection_dim: int | None = Field(
-        None, gt=0, description="output size of the optional projection head (None: no head)"
-    )
+    projection_dim: int | None = Field(None, gt=0, description="output size of the optional projection head (None: no head)")
     width: int = Field(16, gt=0, le=1024, description="channels of the first conv layer (CNNs)")
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -228,9 +216,7 @@ class TrainConfig(Section):
 class EvalConfig(Section):
     every: int = Field(1, gt=0, description="evaluate every this many rounds (and the last)")
     batch_size: int = Field(512, gt=0)
-    personalized: bool = Field(
-        False, description="also evaluate every client on its own held-out split"
-    )
+    personalized: bool = Field(False, description="also evaluate every client on its own held-out split")
 
 
 class CheckpointConfig(Section):
@@ -250,9 +236,7 @@ class ResourcesConfig(Section):
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     server_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the server actor")
-    max_worker_restarts: int = Field(
-        3, ge=0, description="times a dead worker actor is replaced before the run fails"
-    )
+    max_worker_restarts: int = Field(3, ge=0, description="times a dead worker actor is replaced before the run fails")
     placement_strategy: Literal["PACK", "SPREAD"] = Field(
         "PACK",
         description="placement-group strategy of the worker bundles: PACK fills as few nodes as "
@@ -295,9 +279,7 @@ class OutputConfig(Section):
         if name is None:
             return None
         if name in ("", ".", "..") or any(sep in name for sep in ("/", "\\", "\0")) or len(name) > 200:
-            raise ValueError(
-                "must be a plain directory name inside output.dir (no '/', '\\', '..'; at most 200 characters)"
-            )
+            raise ValueError("must be a plain directory name inside output.dir (no '/', '\\', '..'; at most 200 characters)")
         return name
 
 
@@ -385,9 +367,7 @@ class SelectionConfig(Section):
     """``systems.selection``: over-selection, the reporting deadline and dropouts (Bonawitz et al. 2019).
     ``train.clients_per_round`` is the target K: the first K clients to finish are aggregated."""
 
-    over_selection: float = Field(
-        1.0, ge=1, le=100, description="select ceil(over_selection × train.clients_per_round) available clients"
-    )
+    over_selection: float = Field(1.0, ge=1, le=100, description="select ceil(over_selection × train.clients_per_round) available clients")
     deadline_seconds: float | None = Field(
         None, gt=0, description="clients that would finish later than this after the round starts are late (None: no deadline)"
     )
@@ -438,13 +418,10 @@ class RunConfig(Section):
     def _cross_field_checks(self) -> "RunConfig":
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(
-                f"train.clients_per_round ({self.train.clients_per_round}) must be <= "
-                f"data.num_clients ({self.data.num_clients})"
+                f"train.clients_per_round ({self.train.clients_per_round}) must be <= data.num_clients ({self.data.num_clients})"
             )
         if self.eval.personalized and self.data.client_test_fraction == 0:
-            raise ValueError(
-                "eval.personalized needs data.client_test_fraction > 0 (each client's held-out split)"
-            )
+            raise ValueError("eval.personalized needs data.client_test_fraction > 0 (each client's held-out split)")
         return self
 
     @model_validator(mode="after")

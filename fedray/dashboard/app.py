@@ -73,11 +73,21 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (the standard library's 5 drops connections of a busy page)
 
-    def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 0, refresh_seconds: float = 2.0,
-                 allowed_hosts: list[str] | tuple[str, ...] = (), request_timeout: float = 10.0, max_threads: int = 32) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        refresh_seconds: float = 2.0,
+        allowed_hosts: list[str] | tuple[str, ...] = (),
+        request_timeout: float = 10.0,
+        max_threads: int = 32,
+    ) -> None:
         missing = sorted(name for name in STATIC_FILES if not (STATIC_DIR / name).is_file())
         if missing:
-            raise RuntimeError(f"this fedray installation lacks the dashboard's page ({', '.join(missing)} in {STATIC_DIR}); reinstall it with its package data")
+            raise RuntimeError(
+                f"this fedray installation lacks the dashboard's page ({', '.join(missing)} in {STATIC_DIR}); reinstall it with its package data"
+            )
         if max_threads < 1 or request_timeout <= 0:
             raise ValueError(f"max_threads must be >= 1 and request_timeout > 0, got {max_threads} and {request_timeout}")
         self.data = DashboardData(path)
@@ -176,7 +186,9 @@ class DashboardHandler(BaseHTTPRequestHandler):
             pass  # the browser went away mid-response
         except Exception as error:  # a bug must show on the page (without its paths), and in full in the terminal
             self.log_error("%s while serving %s: %r", type(error).__name__, self.path, error)
-            self.send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__} in the dashboard server (details in its terminal)")
+            self.send_error_json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__} in the dashboard server (details in its terminal)"
+            )
 
     def send_json(self, payload: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
         body = json.dumps(payload, allow_nan=False, default=str).encode()

@@ -43,8 +43,22 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedray.config.schema import OutputConfig
-from fedray.layout import (ERROR, LEARNING_CURVE_PLOT, META_FILE, PARTITION_PLOT, PENDING, ROUNDS_FILE, RUNNING,
-                           RUN_INFO_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE)
+from fedray.layout import (
+    ERROR,
+    LEARNING_CURVE_PLOT,
+    META_FILE,
+    PARTITION_PLOT,
+    PENDING,
+    ROUNDS_FILE,
+    RUNNING,
+    RUN_INFO_FILE,
+    SAVED_CONFIG_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    TERMINATED,
+    TRIALS_DIR,
+    TRIALS_FILE,
+)
 from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR, read_metrics_table
 
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
@@ -305,7 +319,12 @@ def band(rounds: pd.DataFrame, metric: str, max_points: int) -> dict[str, Any]:
     stats.columns = ["mean", "std", "n"]
     x = stats.index.to_numpy()
     kept, _ = downsample(np.arange(len(x)), stats["mean"].to_numpy(), max_points)
-    return {"round": x[kept], "mean": stats["mean"].to_numpy()[kept], "std": stats["std"].to_numpy()[kept], "n": stats["n"].to_numpy()[kept]}
+    return {
+        "round": x[kept],
+        "mean": stats["mean"].to_numpy()[kept],
+        "std": stats["std"].to_numpy()[kept],
+        "n": stats["n"].to_numpy()[kept],
+    }
 
 
 def summarize_curve(rounds: list[int], values: list[float | None], mode: str) -> dict[str, Any]:
@@ -348,7 +367,11 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
 
 
 def numeric_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c not in NON_METRIC_COLUMNS and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+    return [
+        c
+        for c in frame.columns
+        if c not in NON_METRIC_COLUMNS and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+    ]
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -452,9 +475,16 @@ class FileCache:
             reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             reason = reason.replace(str(path), path.name).replace(str(self.root), self.root.name)  # readers name the absolute path
             if cached is not None:
-                messages.append(Message("warning", f"{path.name} could not be read ({reason}); showing its last good contents. It is probably being written or copied."))
+                messages.append(
+                    Message(
+                        "warning",
+                        f"{path.name} could not be read ({reason}); showing its last good contents. It is probably being written or copied.",
+                    )
+                )
                 return cached[1]
-            messages.append(Message("error", f"{shown_path(path, self.root)} could not be read ({reason}). Is it half-written or copied incompletely?"))
+            messages.append(
+                Message("error", f"{shown_path(path, self.root)} could not be read ({reason}). Is it half-written or copied incompletely?")
+            )
             return None
         self.entries[key] = (stamp, value)
         while len(self.entries) > self.max_entries:
@@ -580,8 +610,16 @@ class DashboardData:
 
     def _base(self, kind: Kind, version: str, **fields: Any) -> Overview:
         defaults: dict[str, Any] = dict(
-            kind=kind, title=self.root.name, version=version, metric=DEFAULT_METRIC, mode="max",
-            swept_keys=[], trials=[], round_metrics=[], best_trial=None, best_config=None,
+            kind=kind,
+            title=self.root.name,
+            version=version,
+            metric=DEFAULT_METRIC,
+            mode="max",
+            swept_keys=[],
+            trials=[],
+            round_metrics=[],
+            best_trial=None,
+            best_config=None,
         )
         return Overview(**{**defaults, **fields})
 
@@ -602,24 +640,47 @@ class DashboardData:
             )
         return self._base(kind, version, messages=[Message("info" if not sweeps else "warning", text)])
 
-    def _finish(self, kind: Kind, version: str, trials: list[dict[str, Any]], metric: str, mode: str, swept_keys: list[str],
-                messages: list[Message], **fields: Any) -> Overview:
+    def _finish(
+        self,
+        kind: Kind,
+        version: str,
+        trials: list[dict[str, Any]],
+        metric: str,
+        mode: str,
+        swept_keys: list[str],
+        messages: list[Message],
+        **fields: Any,
+    ) -> Overview:
         """What sweeps and runs share: labels, the best trial of each quantity, the failed-trials message."""
         label_trials(trials, swept_keys)
         best = best_by_metric(trials, mode)
         best_trial = best.get(metric, next(iter(best.values()), None))
         if len(best) > 1:
             others = ", ".join(f"{name} ({best[name]})" for name in best if name != metric)
-            messages.append(Message("info", f"Some trials report a different quantity as {metric} ({', '.join(n for n in best if n != metric)}: "
-                                            f"a linear probe's accuracy, not a supervised one); they are ranked among themselves. Best of those: {others}."))
+            messages.append(
+                Message(
+                    "info",
+                    f"Some trials report a different quantity as {metric} ({', '.join(n for n in best if n != metric)}: "
+                    f"a linear probe's accuracy, not a supervised one); they are ranked among themselves. Best of those: {others}.",
+                )
+            )
         failed = [t for t in trials if t["status"] in FAILED_STATUSES]
         if failed:
             listed = "; ".join(f"{t['trial_id']} ({t['status']}): {t['error']}" for t in failed[:5])
             messages.append(Message("error", f"{len(failed)} of {len(trials)} trials failed — {listed}{' ...' if len(failed) > 5 else ''}"))
         rounds_metrics = numeric_columns(self._rounds)
         return self._base(
-            kind, version, metric=metric, mode=mode, swept_keys=swept_keys, trials=json_safe(trials), round_metrics=rounds_metrics,
-            best_trial=best_trial, best_by_metric=best, best_config=self._best_config(best_trial, trials, messages), messages=messages,
+            kind,
+            version,
+            metric=metric,
+            mode=mode,
+            swept_keys=swept_keys,
+            trials=json_safe(trials),
+            round_metrics=rounds_metrics,
+            best_trial=best_trial,
+            best_by_metric=best,
+            best_config=self._best_config(best_trial, trials, messages),
+            messages=messages,
             **fields,
         )
 
@@ -643,7 +704,9 @@ class DashboardData:
         if trials_frame is None and not (self.root / TRIALS_FILE).is_file():
             messages.append(Message("info", f"No trial has reported yet ({TRIALS_FILE} is not written). This page updates by itself."))
         if trials_frame is not None and "trial_id" not in trials_frame.columns:
-            messages.append(Message("error", f"{TRIALS_FILE} has no trial_id column (columns: {', '.join(map(str, trials_frame.columns))})."))
+            messages.append(
+                Message("error", f"{TRIALS_FILE} has no trial_id column (columns: {', '.join(map(str, trials_frame.columns))}).")
+            )
             trials_frame = None
         trials = frame_records(trials_frame) if trials_frame is not None else []
         for trial in trials:
@@ -663,11 +726,15 @@ class DashboardData:
         if rounds is None and trials and not (self.root / ROUNDS_FILE).is_file():
             messages.append(Message("info", f"{ROUNDS_FILE} is not written yet: no curves to draw."))
         if rounds is not None and not {"trial_id", "round"} <= set(rounds.columns):
-            messages.append(Message("error", f"{ROUNDS_FILE} needs trial_id and round columns (has: {', '.join(map(str, rounds.columns))})."))
+            messages.append(
+                Message("error", f"{ROUNDS_FILE} needs trial_id and round columns (has: {', '.join(map(str, rounds.columns))}).")
+            )
             rounds = None
         self._rounds = rounds if rounds is not None else pd.DataFrame(columns=["trial_id", "round"])
         self._rounds = self._rounds.astype({"trial_id": str})
-        probed = set(self._rounds.loc[self._rounds["probe_accuracy"].notna(), "trial_id"]) if "probe_accuracy" in self._rounds.columns else set()
+        probed = (
+            set(self._rounds.loc[self._rounds["probe_accuracy"].notna(), "trial_id"]) if "probe_accuracy" in self._rounds.columns else set()
+        )
         for trial in trials:
             trial["metric_name"] = metric_name(metric, {"probe_accuracy"} if trial["trial_id"] in probed else set())
             trial["evaluation"] = self._evaluation(self.trial_run_dir(trial["trial_id"], trials), messages)
@@ -677,8 +744,13 @@ class DashboardData:
             self._longest_round[""] = float(pd.to_numeric(self._rounds["seconds"], errors="coerce").max() or 0.0)
         if status == "running" and self.is_stale("", self.watched_files("sweep")):
             idle = format_duration(self.idle_seconds(self.watched_files("sweep")) or 0.0)
-            messages.append(Message("warning", f"{META_FILE} says the sweep is running, but none of its files changed for {idle}: its driver "
-                                               f"probably died (killed, or its machine lost). `fedray tune --resume {self.root.name}` continues it."))
+            messages.append(
+                Message(
+                    "warning",
+                    f"{META_FILE} says the sweep is running, but none of its files changed for {idle}: its driver "
+                    f"probably died (killed, or its machine lost). `fedray tune --resume {self.root.name}` continues it.",
+                )
+            )
             status = "stalled"
         for trial in trials:
             if trial["status"] == ERROR and not trial["error"]:
@@ -689,9 +761,18 @@ class DashboardData:
                 trial["error"] = f"the sweep {how} before this trial finished; `fedray tune --resume` continues it"
 
         return self._finish(
-            "sweep", version, trials, metric, mode, swept_keys, messages,
-            title=str(meta.get("sweep_id") or self.root.name), categorical_keys=self._categorical_keys(swept_keys, trials, messages),
-            status=status, num_trials=meta.get("num_trials"), started_at=meta.get("started_at"),
+            "sweep",
+            version,
+            trials,
+            metric,
+            mode,
+            swept_keys,
+            messages,
+            title=str(meta.get("sweep_id") or self.root.name),
+            categorical_keys=self._categorical_keys(swept_keys, trials, messages),
+            status=status,
+            num_trials=meta.get("num_trials"),
+            started_at=meta.get("started_at"),
             ray_dashboard_url=(meta.get("ray_dashboard_url") or None) if status == "running" else None,
         )
 
@@ -728,19 +809,23 @@ class DashboardData:
                 run_files = [run_dir / n for n in (SAVED_CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
                 if self.is_stale(trial_id, run_files):
                     status = "STALLED"
-                    error = (f"no {SUMMARY_FILE} and no file written for {format_duration(self.idle_seconds(run_files) or 0.0)}: the run probably "
-                             f"crashed or was killed; `fedray run --resume {self.shown(run_dir)}` continues it from its last checkpoint")
+                    error = (
+                        f"no {SUMMARY_FILE} and no file written for {format_duration(self.idle_seconds(run_files) or 0.0)}: the run probably "
+                        f"crashed or was killed; `fedray run --resume {self.shown(run_dir)}` continues it from its last checkpoint"
+                    )
             reported = {c for c in numeric_columns(rounds) if rounds[c].notna().any()}
-            trials.append({
-                "trial_id": trial_id,
-                "status": status,
-                **summarize_curve(rounds["round"].tolist(), values, mode),
-                "wall_time_s": seconds,
-                "run_dir": str(run_dir.relative_to(self.root)),
-                "error": error,
-                "metric_name": metric_name(metric, reported),
-                "evaluation": self._evaluation(run_dir, messages),
-            })
+            trials.append(
+                {
+                    "trial_id": trial_id,
+                    "status": status,
+                    **summarize_curve(rounds["round"].tolist(), values, mode),
+                    "wall_time_s": seconds,
+                    "run_dir": str(run_dir.relative_to(self.root)),
+                    "error": error,
+                    "metric_name": metric_name(metric, reported),
+                    "evaluation": self._evaluation(run_dir, messages),
+                }
+            )
             configs.append(config)
         swept_keys = differing_keys(configs) if kind == "runs" else []
         for trial, config in zip(trials, configs):
@@ -773,7 +858,9 @@ class DashboardData:
         run_dir = self.trial_run_dir(trial_id, trials)
         path = None if run_dir is None else run_dir / SAVED_CONFIG_FILE
         if path is None or not path.is_file():
-            messages.append(Message("warning", f"The best trial {trial_id} has no {SAVED_CONFIG_FILE} here (was the sweep copied without trials/?)."))
+            messages.append(
+                Message("warning", f"The best trial {trial_id} has no {SAVED_CONFIG_FILE} here (was the sweep copied without trials/?).")
+            )
             return None
         text = self.cache.read(path, read_text, messages)
         try:
@@ -841,20 +928,41 @@ class DashboardData:
         overview = self.overview()
         messages: list[Message] = []
         if self._trial(trial_id) is None:
-            return json_safe({"trial_id": trial_id, "found": False, "messages": [asdict(Message("error", f"No trial or run named {trial_id!r} in {self.root.name}."))]})
+            return json_safe(
+                {
+                    "trial_id": trial_id,
+                    "found": False,
+                    "messages": [asdict(Message("error", f"No trial or run named {trial_id!r} in {self.root.name}."))],
+                }
+            )
         run_dir = self.trial_run_dir(trial_id)
-        view: dict[str, Any] = {"trial_id": trial_id, "found": True, "run_dir": None, "curves": {}, "clients": None,
-                                "config": None, "files": {}, "summary": None}
+        view: dict[str, Any] = {
+            "trial_id": trial_id,
+            "found": True,
+            "run_dir": None,
+            "curves": {},
+            "clients": None,
+            "config": None,
+            "files": {},
+            "summary": None,
+        }
         metrics = None
         if run_dir is None:
-            messages.append(Message("warning", f"The run directory of {trial_id} is not here (the trial has not started, or the sweep was copied without trials/); showing its rows from {ROUNDS_FILE}."))
+            messages.append(
+                Message(
+                    "warning",
+                    f"The run directory of {trial_id} is not here (the trial has not started, or the sweep was copied without trials/); showing its rows from {ROUNDS_FILE}.",
+                )
+            )
         else:
             view["run_dir"] = str(run_dir.relative_to(self.root)) or "."
             metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
             view["config"] = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_text, messages)
             view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             files = {name: self.run_file(trial_id, name) for name in RUN_FILES}
-            view["files"] = {name: file_stamp(path)[0] for name, path in files.items() if path is not None and file_stamp(path)}  # mtime: busts the browser cache
+            view["files"] = {
+                name: file_stamp(path)[0] for name, path in files.items() if path is not None and file_stamp(path)
+            }  # mtime: busts the browser cache
 
         if metrics is not None and "round" in metrics.columns:
             scope = metrics["scope"] if "scope" in metrics.columns else pd.Series("round", index=metrics.index)
@@ -864,7 +972,9 @@ class DashboardData:
                 round_rows, client_rows = self._rounds[self._rounds["trial_id"] == trial_id], pd.DataFrame(columns=["round"])
         round_rows = round_rows.sort_values("round")
         for column in numeric_columns(round_rows):
-            x, y = downsample(round_rows["round"].to_numpy(), pd.to_numeric(round_rows[column], errors="coerce").to_numpy(), self.max_curve_points)
+            x, y = downsample(
+                round_rows["round"].to_numpy(), pd.to_numeric(round_rows[column], errors="coerce").to_numpy(), self.max_curve_points
+            )
             if len(x):
                 view["curves"][column] = {"round": x, "value": y}
         view["clients"] = client_distribution(client_rows, client_round)

@@ -22,24 +22,18 @@ Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 _LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
 
-def _uniform(
-    low: float, high: float, size: int, generator: torch.Generator, device: torch.device
-) -> torch.Tensor:
+def _uniform(low: float, high: float, size: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """``size`` draws from U[low, high) on the generator's device, moved to ``device``."""
     draws = torch.rand(size, generator=generator, device=generator.device)
     return (low + (high - low) * draws).to(device)
 
 
-def _bernoulli(
-    probability: float, size: int, generator: torch.Generator, device: torch.device
-) -> torch.Tensor:
+def _bernoulli(probability: float, size: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """``size`` boolean draws, True with ``probability``, moved to ``device``."""
     return _uniform(0.0, 1.0, size, generator, device) < probability
 
 
-def crop_flip(
-    x: torch.Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True
-) -> torch.Tensor:
+def crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True) -> torch.Tensor:
     """Random crop with zero padding plus random horizontal flip, drawn per sample.
 
     Each image ``[C, H, W]`` is zero-padded by ``padding`` on every side, cropped back to
@@ -50,9 +44,7 @@ def crop_flip(
     """
     batch, channels, height, width = x.shape
     padded_width = width + 2 * padding
-    shifts = torch.randint(
-        0, 2 * padding + 1, (2, batch), generator=generator, device=generator.device
-    ).to(x.device)
+    shifts = torch.randint(0, 2 * padding + 1, (2, batch), generator=generator, device=generator.device).to(x.device)
     shift_y, shift_x = shifts[0], shifts[1]
     rows = shift_y[:, None] + torch.arange(height, device=x.device)  # [B, H]
     cols = torch.arange(width, device=x.device).expand(batch, width)
@@ -117,9 +109,7 @@ def ssl_views(
     batch, channels, height, width = x.shape
     device = x.device
     area = _uniform(crop_scale[0], crop_scale[1], batch, generator, device)
-    log_ratio = _uniform(
-        math.log(aspect_ratio[0]), math.log(aspect_ratio[1]), batch, generator, device
-    )
+    log_ratio = _uniform(math.log(aspect_ratio[0]), math.log(aspect_ratio[1]), batch, generator, device)
     # Window size as a fraction of the image side; the grid's unit is half the image side.
     window_w = torch.sqrt(area * torch.exp(log_ratio)).clamp(max=1.0)
     window_h = torch.sqrt(area / torch.exp(log_ratio)).clamp(max=1.0)

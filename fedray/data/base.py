@@ -30,10 +30,7 @@ def modality_of(x: np.ndarray) -> str:
     for modality, (dtype, ndim) in _ARRAY_FORMS.items():
         if x.dtype == dtype and x.ndim == ndim:
             return modality
-    raise ValueError(
-        f"x must be uint8 [N, C, H, W] (image), int64 [N, T] (tokens) or float32 [N, D] (features), "
-        f"got {x.dtype} {x.shape}"
-    )
+    raise ValueError(f"x must be uint8 [N, C, H, W] (image), int64 [N, T] (tokens) or float32 [N, D] (features), got {x.dtype} {x.shape}")
 
 
 @dataclass(frozen=True)
@@ -159,11 +156,7 @@ class ClientPartition:
     def from_lists(cls, lists: list[np.ndarray]) -> "ClientPartition":
         sizes = np.array([len(part) for part in lists], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        indices = (
-            np.concatenate([np.asarray(part, dtype=np.int64) for part in lists])
-            if lists
-            else np.zeros(0, dtype=np.int64)
-        )
+        indices = np.concatenate([np.asarray(part, dtype=np.int64) for part in lists]) if lists else np.zeros(0, dtype=np.int64)
         return cls(indices=indices, offsets=offsets)
 
     @property

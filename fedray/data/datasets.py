@@ -61,26 +61,43 @@ class _TorchvisionSource:
 
 _TORCHVISION_SOURCES = {
     "mnist": _TorchvisionSource(
-        "MNIST", 10, (0.1307,), (0.3081,), "none",
-        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) "
-        "directly or in MNIST/raw/",
+        "MNIST",
+        10,
+        (0.1307,),
+        (0.3081,),
+        "none",
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) directly or in MNIST/raw/",
     ),
     "fmnist": _TorchvisionSource(
-        "FashionMNIST", 10, (0.2860,), (0.3530,), "none",
-        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) "
-        "directly or in FashionMNIST/raw/",
+        "FashionMNIST",
+        10,
+        (0.2860,),
+        (0.3530,),
+        "none",
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four IDX files, gzipped or not) directly or in FashionMNIST/raw/",
     ),
     "cifar10": _TorchvisionSource(
-        "CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip",
-        "cifar-10-batches-py/ with data_batch_1..5, test_batch and batches.meta "
-        "(cifar-10-python.tar.gz extracted)",
+        "CIFAR10",
+        10,
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
+        "crop_flip",
+        "cifar-10-batches-py/ with data_batch_1..5, test_batch and batches.meta (cifar-10-python.tar.gz extracted)",
     ),
     "cifar100": _TorchvisionSource(
-        "CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip",
+        "CIFAR100",
+        100,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        "crop_flip",
         "cifar-100-python/ with train, test and meta (cifar-100-python.tar.gz extracted)",
     ),
     "svhn": _TorchvisionSource(
-        "SVHN", 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "crop_flip",
+        "SVHN",
+        10,
+        (0.4377, 0.4438, 0.4728),
+        (0.1980, 0.2010, 0.1970),
+        "crop_flip",
         "train_32x32.mat and test_32x32.mat (the cropped-digits .mat files) directly",
     ),
 }
@@ -260,9 +277,7 @@ def _load_digits(test_fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDa
     digits = load_digits()
     x = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
     y = digits.target.astype(np.int64)
-    train_idx, test_idx = train_test_split(
-        np.arange(y.shape[0]), test_size=test_fraction, stratify=y, random_state=seed
-    )
+    train_idx, test_idx = train_test_split(np.arange(y.shape[0]), test_size=test_fraction, stratify=y, random_state=seed)
     return ArrayDataset(x[train_idx], y[train_idx]), ArrayDataset(x[test_idx], y[test_idx])
 
 
@@ -294,14 +309,10 @@ def _make_synthetic(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayData
     return sample(spec.num_train), sample(spec.num_test)
 
 
-def _missing_files_error(
-    name: str, directory: Path, expected: str, reason: Exception
-) -> ConfigError:
+def _missing_files_error(name: str, directory: Path, expected: str, reason: Exception) -> ConfigError:
     """The error for absent or incomplete files: where they were looked for and how to get them."""
     package = (
-        f"install Debian's package ({_SYSTEM_PACKAGES[name]}; files in {SYSTEM_DATA_DIRS[name]}), "
-        if name in _SYSTEM_PACKAGES
-        else ""
+        f"install Debian's package ({_SYSTEM_PACKAGES[name]}; files in {SYSTEM_DATA_DIRS[name]}), " if name in _SYSTEM_PACKAGES else ""
     )
     return ConfigError(
         f"data.name={name}: dataset files not found or incomplete in {directory.resolve()} "
@@ -310,9 +321,7 @@ def _missing_files_error(
     )
 
 
-def _load_idx(
-    name: str, source: _TorchvisionSource, root: Path, download: bool
-) -> tuple[ArrayDataset, ArrayDataset]:
+def _load_idx(name: str, source: _TorchvisionSource, root: Path, download: bool) -> tuple[ArrayDataset, ArrayDataset]:
     """MNIST / Fashion-MNIST from the first directory holding the four IDX files: ``root``,
     torchvision's ``root/<Class>/raw`` or the system package's directory. With ``download`` and
     none found, torchvision downloads them into ``root/<Class>/raw``."""
@@ -339,9 +348,7 @@ def _load_idx(
         raise ConfigError(f"data.name={name}: {error}") from None
 
 
-def _load_torchvision(
-    name: str, source: _TorchvisionSource, root: Path, download: bool
-) -> tuple[ArrayDataset, ArrayDataset]:
+def _load_torchvision(name: str, source: _TorchvisionSource, root: Path, download: bool) -> tuple[ArrayDataset, ArrayDataset]:
     """Official train/test splits through ``torchvision.datasets.<class_name>``."""
     import torchvision.datasets
 

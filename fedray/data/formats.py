@@ -74,9 +74,7 @@ def vocab_size_of(alphabet: np.ndarray) -> int:
 
 
 # --------------------------------------------------------------------------------------- cache
-def cached_arrays(
-    cache_dir: Path, kind: str, key: dict[str, Any], build: Callable[[], dict[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
+def cached_arrays(cache_dir: Path, kind: str, key: dict[str, Any], build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The arrays ``build`` returns, stored as ``<cache_dir>/<kind>-<hash of key>.npz`` the first time
     and read from there afterwards. A damaged cache file is rebuilt; an unwritable ``cache_dir`` only
     costs the cache (a warning)."""
@@ -216,7 +214,9 @@ def load_image_folder(cfg: DataConfig) -> UserData:
         splits["test"] = make_dataset(str(test_dir), class_to_idx, IMG_EXTENSIONS, allow_empty=True)
     for split, samples in splits.items():
         if not samples:
-            raise ConfigError(f"data.path: no image files ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir if split == 'train' else test_dir}")
+            raise ConfigError(
+                f"data.path: no image files ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir if split == 'train' else test_dir}"
+            )
     stamps = {split: [_file_stamp(Path(path)) for path, _ in samples] for split, samples in splits.items()}
 
     def decode() -> dict[str, np.ndarray]:
@@ -264,7 +264,9 @@ def load_table(cfg: DataConfig) -> UserData:
     if cfg.client_column is not None:
         client_ids = _column(train, cfg.client_column, "data.client_column", train_path)
         if client_ids.null_count:
-            raise ConfigError(f"data.client_column: column {cfg.client_column!r} of {train_path} has {client_ids.null_count} missing values")
+            raise ConfigError(
+                f"data.client_column: column {cfg.client_column!r} of {train_path} has {client_ids.null_count} missing values"
+            )
         client_ids = client_ids.to_numpy(zero_copy_only=False)
         client_ids = client_ids.astype(str) if client_ids.dtype == object else client_ids
     labels = {split: _labels(table, cfg.label_column, paths[split][0]) for split, table in tables.items()}
@@ -306,7 +308,9 @@ def _read_saved_hf_dataset(path: Path) -> tuple[dict[str, Any], dict[str, tuple[
     try:
         saved = datasets.load_from_disk(str(path))
     except (OSError, ValueError) as error:  # FileNotFoundError included: a damaged or partial save
-        raise ConfigError(f"data.path: cannot read the saved dataset {path}: {(str(error).splitlines() or [type(error).__name__])[0][:300]}") from None
+        raise ConfigError(
+            f"data.path: cannot read the saved dataset {path}: {(str(error).splitlines() or [type(error).__name__])[0][:300]}"
+        ) from None
     if isinstance(saved, datasets.DatasetDict):
         if "train" not in saved:
             raise ConfigError(f"data.path: the saved dataset {path} has the splits {', '.join(saved)}, none named 'train'")
@@ -408,7 +412,9 @@ def _pixel_arrays(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     while _is_list(values.type):
         lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():
-            raise ConfigError(f"{where}: rows hold {int(lengths.min())} to {int(lengths.max())} values at depth {len(shape) + 1}; every image must have one shape")
+            raise ConfigError(
+                f"{where}: rows hold {int(lengths.min())} to {int(lengths.max())} values at depth {len(shape) + 1}; every image must have one shape"
+            )
         shape.append(int(lengths[0]) if len(lengths) else 0)
         values = values.flatten()
     if not pa.types.is_integer(values.type):
@@ -419,7 +425,9 @@ def _pixel_arrays(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     if len(shape) == 1:
         size = cfg.image_size
         if size is None or shape[0] % (size * size):
-            raise ConfigError(f"{where} holds flat rows of {shape[0]} values: set data.image_size to their square side (C·side² values a row)")
+            raise ConfigError(
+                f"{where} holds flat rows of {shape[0]} values: set data.image_size to their square side (C·side² values a row)"
+            )
         shape = [shape[0] // (size * size), size, size]
     elif len(shape) == 2:
         shape = [1, *shape]
@@ -453,12 +461,18 @@ def _table_sequences(
             raise ConfigError(f"data.sequence_column: column {cfg.sequence_column!r} of {path} has {column.null_count} missing values")
         if vocab_size is not None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             sequences[split] = [encode_characters(text, alphabet) for text in column.to_pylist()]
-        elif vocab_size is None and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) and pa.types.is_integer(column.type.value_type):
+        elif (
+            vocab_size is None
+            and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type))
+            and pa.types.is_integer(column.type.value_type)
+        ):
             lengths = pc.list_value_length(column).to_numpy()
             values = column.flatten().to_numpy().astype(np.int64)
             sequences[split] = np.split(values, np.cumsum(lengths)[:-1])
         else:
-            raise ConfigError(f"data.sequence_column: column {cfg.sequence_column!r} of {path} holds {column.type}; expected lists of integers or text (like the training file's)")
+            raise ConfigError(
+                f"data.sequence_column: column {cfg.sequence_column!r} of {path} holds {column.type}; expected lists of integers or text (like the training file's)"
+            )
     longest = max(len(sequence) for split_sequences in sequences.values() for sequence in split_sequences)
     seq_len = cfg.seq_len if cfg.seq_len is not None else longest
     padded = {}
@@ -485,7 +499,8 @@ def _table_features(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tu
     else:
         excluded = {cfg.label_column, cfg.client_column}
         names = [
-            field.name for field in train.schema
+            field.name
+            for field in train.schema
             if field.name not in excluded and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))
         ]
         if not names:

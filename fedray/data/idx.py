@@ -52,10 +52,7 @@ def read_idx(path: Path) -> np.ndarray:
     shape = struct.unpack(f">{ndim}i", data[4:header_size])
     expected = header_size + int(np.prod(shape))
     if len(data) != expected:
-        raise IdxFormatError(
-            f"{path}: {len(data)} bytes, but its header {tuple(shape)} needs {expected} "
-            f"(truncated or corrupt file)"
-        )
+        raise IdxFormatError(f"{path}: {len(data)} bytes, but its header {tuple(shape)} needs {expected} (truncated or corrupt file)")
     return np.frombuffer(data, dtype=np.uint8, offset=header_size).reshape(shape)
 
 
@@ -80,10 +77,7 @@ def read_idx_split(directory: Path, split: str, num_classes: int) -> ArrayDatase
     assert images_path is not None and labels_path is not None, "call has_idx_files first"
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-        raise IdxFormatError(
-            f"{images_path} {images.shape} and {labels_path} {labels.shape} are not N images and "
-            f"N labels"
-        )
+        raise IdxFormatError(f"{images_path} {images.shape} and {labels_path} {labels.shape} are not N images and N labels")
     problem = label_range_problem(labels, num_classes)
     if problem is not None:
         raise IdxFormatError(f"{labels_path}: {problem}")

@@ -46,9 +46,7 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
     if cfg.partition == "iid":
         return _iid(num_samples, num_clients, np.random.default_rng(seed))
     if cfg.partition == "dirichlet":
-        return _dirichlet(
-            labels, num_clients, cfg.alpha, cfg.min_samples_per_client, np.random.default_rng(seed)
-        )
+        return _dirichlet(labels, num_clients, cfg.alpha, cfg.min_samples_per_client, np.random.default_rng(seed))
     if cfg.partition == "dirichlet_equal_size":
         return _dirichlet_equal_size(labels, num_clients, cfg.alpha, cfg.imbalance_ratio, seed)
     if cfg.partition == "shards":
@@ -78,9 +76,7 @@ def natural_partition(client_ids: np.ndarray, cfg: DataConfig) -> tuple[ClientPa
     return clients, tuple(str(name) for name in names)
 
 
-def split_client_test(
-    partition: ClientPartition, fraction: float, seed: int
-) -> tuple[ClientPartition, ClientPartition]:
+def split_client_test(partition: ClientPartition, fraction: float, seed: int) -> tuple[ClientPartition, ClientPartition]:
     """Split every client's indices at random into (train, test) parts.
 
     A client with ``n`` samples puts ``round(fraction · n)`` of them, clipped to ``1..n-1``, in its
@@ -122,9 +118,7 @@ def _near_equal_sizes(total: int, parts: int) -> np.ndarray:
     return base + (np.arange(parts) < remainder).astype(np.int64)
 
 
-def _apportion(
-    total: int, weights: np.ndarray, minimum: int, capacity: np.ndarray | None = None
-) -> np.ndarray:
+def _apportion(total: int, weights: np.ndarray, minimum: int, capacity: np.ndarray | None = None) -> np.ndarray:
     """Integers ``≥ minimum`` (and ``≤ capacity``) summing to ``total`` (or to ``capacity.sum()``
     if that is smaller), proportional to ``weights`` above the minimum; largest remainders round
     up."""
@@ -147,9 +141,7 @@ def _iid(num_samples: int, num_clients: int, rng: np.random.Generator) -> Client
     return _from_sizes(rng.permutation(num_samples), _near_equal_sizes(num_samples, num_clients))
 
 
-def _quantity(
-    num_samples: int, num_clients: int, sigma: float, rng: np.random.Generator
-) -> ClientPartition:
+def _quantity(num_samples: int, num_clients: int, sigma: float, rng: np.random.Generator) -> ClientPartition:
     """Quantity skew: iid labels, client sizes ∝ log-normal(0, sigma) weights, each at least 1."""
     weights = rng.lognormal(mean=0.0, sigma=sigma, size=num_clients)
     sizes = _apportion(num_samples, weights, minimum=1)
@@ -163,9 +155,7 @@ def _class_segments(labels: np.ndarray, rng: np.random.Generator) -> tuple[np.nd
     return by_class, np.bincount(labels)
 
 
-def _shards(
-    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
-) -> ClientPartition:
+def _shards(labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator) -> ClientPartition:
     """Pathological label skew (FedAvg-paper shards).
 
     The label-sorted samples are cut into ``K · classes_per_client`` shards, each inside one class
@@ -183,9 +173,7 @@ def _shards(
             f"of classes ({int(present.sum())}) so that every class is dealt out"
         )
     shards_per_class = np.zeros_like(class_counts)
-    shards_per_class[present] = _apportion(
-        num_shards, class_counts[present].astype(np.float64), 1, class_counts[present]
-    )
+    shards_per_class[present] = _apportion(num_shards, class_counts[present].astype(np.float64), 1, class_counts[present])
     # Shard id of every sample in `by_class` order: class c's samples are cut into
     # shards_per_class[c] near-equal consecutive runs.
     shard_of_sample = np.empty(labels.shape[0], dtype=np.int64)
@@ -193,13 +181,9 @@ def _shards(
     shard_start = np.concatenate([[0], np.cumsum(shards_per_class)])
     for c in np.flatnonzero(present):
         run_sizes = _near_equal_sizes(int(class_counts[c]), int(shards_per_class[c]))
-        shard_of_sample[class_start[c] : class_start[c + 1]] = shard_start[c] + np.repeat(
-            np.arange(shards_per_class[c]), run_sizes
-        )
+        shard_of_sample[class_start[c] : class_start[c + 1]] = shard_start[c] + np.repeat(np.arange(shards_per_class[c]), run_sizes)
     client_of_shard = np.empty(int(shard_start[-1]), dtype=np.int64)
-    client_of_shard[rng.permutation(client_of_shard.shape[0])] = (
-        np.arange(client_of_shard.shape[0]) % num_clients
-    )
+    client_of_shard[rng.permutation(client_of_shard.shape[0])] = np.arange(client_of_shard.shape[0]) % num_clients
     owner = np.empty(labels.shape[0], dtype=np.int64)
     owner[by_class] = client_of_shard[shard_of_sample]
     return _from_owner(owner, num_clients)
@@ -296,9 +280,7 @@ def _long_tail_subset(labels: np.ndarray, imbalance_ratio: float, seed: int) -> 
     return np.concatenate(kept)
 
 
-def _dirichlet_equal_size(
-    labels: np.ndarray, num_clients: int, alpha: float, imbalance_ratio: float, seed: int
-) -> ClientPartition:
+def _dirichlet_equal_size(labels: np.ndarray, num_clients: int, alpha: float, imbalance_ratio: float, seed: int) -> ClientPartition:
     """The CReFF partition (the official ``utils/sample_dirichlet.py`` and
     ``utils/long_tailed_cifar10.py`` of FedSC/FedSKC): equal client sizes, Dirichlet label mixtures.
 
@@ -340,9 +322,7 @@ def _dirichlet_equal_size(
         stop = num_used if chunk == num_chunks - 1 else start + chunk_step
         num_workers = min(_WORKERS_PER_CHUNK, workers_left)
         workers_left -= num_workers
-        worker_lists.extend(
-            _dirichlet_chunk(pairs[start:stop], num_workers, num_classes, alpha, random_state)
-        )
+        worker_lists.extend(_dirichlet_chunk(pairs[start:stop], num_workers, num_classes, alpha, random_state))
     return _from_sizes(np.concatenate(worker_lists), _near_equal_sizes(num_used, num_clients))
 
 

@@ -69,8 +69,7 @@ def load_user_reference(reference: str) -> UserData:
         returned = materialize_torch_datasets(returned[0], returned[1], source)
     if not isinstance(returned, UserData):
         raise ConfigError(
-            f"{source}: returned {type(returned).__name__}; expected fedray.data.UserData or a "
-            f"(train, test) pair of torch datasets"
+            f"{source}: returned {type(returned).__name__}; expected fedray.data.UserData or a (train, test) pair of torch datasets"
         )
     return checked_user_data(returned, source)
 
@@ -141,7 +140,9 @@ def checked_user_data(data: UserData, source: str) -> UserData:
     if client_ids is not None:
         client_ids = np.asarray(client_ids)
         if client_ids.shape != converted["train"][1].shape:
-            raise ConfigError(f"{source}: client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length")
+            raise ConfigError(
+                f"{source}: client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length"
+            )
         if client_ids.dtype == object and any(value is None for value in client_ids):
             raise ConfigError(f"{source}: client_ids_train has missing values")
     num_classes = data.num_classes if data.num_classes is not None else int(converted["train"][1].max()) + 1

@@ -44,12 +44,8 @@ if TYPE_CHECKING:
     from fedray.data.base import DatasetInfo
 
 _BUILDERS: dict[str, Callable[[ModelConfig, DatasetInfo], FedModel]] = {
-    "cnn_small": lambda cfg, info: SmallCNN(
-        info.channels, info.image_size, info.num_classes, cfg.width
-    ),
-    "cnn_cifar": lambda cfg, info: CifarCNN(
-        info.channels, info.image_size, info.num_classes, cfg.width
-    ),
+    "cnn_small": lambda cfg, info: SmallCNN(info.channels, info.image_size, info.num_classes, cfg.width),
+    "cnn_cifar": lambda cfg, info: CifarCNN(info.channels, info.image_size, info.num_classes, cfg.width),
     "resnet8": lambda cfg, info: resnet8(info.channels, info.num_classes, cfg.norm),
     "resnet10": lambda cfg, info: resnet10(info.channels, info.num_classes, cfg.norm),
     "resnet18": lambda cfg, info: resnet18(info.channels, info.num_classes, cfg.norm),
@@ -68,9 +64,7 @@ def projection_head(feature_dim: int, projection_dim: int) -> nn.Sequential:
     FedSC, FedSKC and FedRCL use no head (neither their papers nor their official code has one);
     Hetero-SSFL's BYOL projector/predictor (:mod:`fedray.algorithms.ssl`) belongs to that algorithm.
     """
-    return nn.Sequential(
-        nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, projection_dim)
-    )
+    return nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, projection_dim))
 
 
 def build_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:

@@ -40,17 +40,13 @@ class FedModel(nn.Module):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         if self.projector is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no projection head; set model.projection_dim"
-            )
+            raise RuntimeError(f"{type(self).__name__} has no projection head; set model.projection_dim")
         return self.projector(features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classify(self.encode(x))
 
-    def forward_with_taps(
-        self, x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    def forward_with_taps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``(logits, features, taps)`` in one pass."""
         features, taps = self.encode_with_taps(x)
         return self.classify(features), features, taps

@@ -49,9 +49,7 @@ class SmallCNN(FedModel):
 
     tap_names = ("conv1", "conv2", "fc")
 
-    def __init__(
-        self, in_channels: int, image_size: int, num_classes: int, width: int = 16
-    ) -> None:
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, width: int = 16) -> None:
         super().__init__()
         self.feature_dim = 64
         self.encoder = SmallCNNEncoder(in_channels, image_size, width, self.feature_dim)
@@ -70,20 +68,14 @@ def _valid_conv5_pool(size: int) -> int:
 class CifarCNNEncoder(nn.Module):
     """conv5×5(C→c1)-ReLU-pool2 → conv5×5(c1→c2)-ReLU-pool2 → flatten → fc(c2·s²→k)-ReLU."""
 
-    def __init__(
-        self, in_channels: int, image_size: int, channels: tuple[int, int], feature_dim: int
-    ) -> None:
+    def __init__(self, in_channels: int, image_size: int, channels: tuple[int, int], feature_dim: int) -> None:
         super().__init__()
         spatial = _valid_conv5_pool(_valid_conv5_pool(image_size))
         if spatial < 1:
             raise ValueError(f"cnn_cifar needs image_size >= 16, got {image_size}")
         c1, c2 = channels
-        self.conv_block1 = nn.Sequential(
-            nn.Conv2d(in_channels, c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2)
-        )
-        self.conv_block2 = nn.Sequential(
-            nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2)
-        )
+        self.conv_block1 = nn.Sequential(nn.Conv2d(in_channels, c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
+        self.conv_block2 = nn.Sequential(nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
         self.fc1 = nn.Linear(c2 * spatial * spatial, feature_dim)
 
     def forward_with_taps(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -115,14 +107,10 @@ class CifarCNN(FedModel):
 
     tap_names = ("conv_block1", "conv_block2", "fc1")
 
-    def __init__(
-        self, in_channels: int, image_size: int, num_classes: int, width: int = 16
-    ) -> None:
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, width: int = 16) -> None:
         super().__init__()
         self.feature_dim = 512  # k = 512: PFLlib's value; the FedCoSR paper does not give k
-        self.encoder = CifarCNNEncoder(
-            in_channels, image_size, (2 * width, 4 * width), self.feature_dim
-        )
+        self.encoder = CifarCNNEncoder(in_channels, image_size, (2 * width, 4 * width), self.feature_dim)
         self.projector = None
         self.classifier = nn.Linear(self.feature_dim, num_classes)
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from fedray.config.schema import ModelConfig
     from fedray.data.base import DatasetInfo
 
+
 def _error(key: str, message: str) -> ConfigError:
     return ConfigError(f"invalid config:\n  {key}: {message}")
 
@@ -106,9 +107,7 @@ def build_external_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
     grey_to_rgb = False
     if cfg.name.startswith(TORCHVISION_PREFIX):
         if info.modality != "image" or info.channels not in (1, 3):
-            raise _error(
-                "model.name", f"torchvision models take 3-channel (or 1-channel, repeated) images, not {info.describe()}"
-            )
+            raise _error("model.name", f"torchvision models take 3-channel (or 1-channel, repeated) images, not {info.describe()}")
         if "weights" in cfg.kwargs:
             raise _error(
                 "model.kwargs",
@@ -158,10 +157,14 @@ def load_initial_weights(model: FedModel, path: str) -> None:
     state = max(candidates, key=lambda candidate: len(candidate.keys() & expected.keys()))
     missing = [key for key in expected if key not in state and not key.startswith("projector.")]
     unexpected = [key for key in state if key not in expected]
-    mismatched = [f"{key} {list(state[key].shape)} vs {list(expected[key].shape)}" for key in state
-                  if key in expected and state[key].shape != expected[key].shape]
-    problems = [f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected),
-                                                            ("shape of", mismatched)) if keys]
+    mismatched = [
+        f"{key} {list(state[key].shape)} vs {list(expected[key].shape)}"
+        for key in state
+        if key in expected and state[key].shape != expected[key].shape
+    ]
+    problems = [
+        f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape of", mismatched)) if keys
+    ]
     if problems:
         raise _error("model.init", f"{path} does not fit model {type(model).__name__}: " + "; ".join(problems))
     model.load_state_dict(state, strict=False)

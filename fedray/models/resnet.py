@@ -156,4 +156,3 @@ def resnet10(in_channels: int, num_classes: int, norm: NormKind = "batch") -> Re
 def resnet18(in_channels: int, num_classes: int, norm: NormKind = "batch") -> ResNet:
     """FedRCL's ResNet-18: [2, 2, 2, 2] blocks, 64/128/256/512, 512-d feature, five taps."""
     return ResNet(in_channels, num_classes, (2, 2, 2, 2), (64, 128, 256, 512), norm)
-

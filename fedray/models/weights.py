@@ -39,25 +39,19 @@ def num_flat_weights(model: nn.Module, prefixes: tuple[str, ...] | None = None) 
     return sum(value.numel() for _, value in _entries(model, prefixes))
 
 
-def get_flat_weights(
-    model: nn.Module, prefixes: tuple[str, ...] | None = None
-) -> torch.Tensor:
+def get_flat_weights(model: nn.Module, prefixes: tuple[str, ...] | None = None) -> torch.Tensor:
     """A detached 1-D ``float32`` copy of the selected entries, on the model's device."""
     with torch.no_grad():
         return torch.cat([value.reshape(-1).float() for _, value in _entries(model, prefixes)])
 
 
-def set_flat_weights(
-    model: nn.Module, flat: torch.Tensor, prefixes: tuple[str, ...] | None = None
-) -> None:
+def set_flat_weights(model: nn.Module, flat: torch.Tensor, prefixes: tuple[str, ...] | None = None) -> None:
     """Copy ``flat`` (the layout of :func:`get_flat_weights`) into the model in place: no tensor of
     the model is re-allocated, so optimizers and references to its parameters stay valid."""
     entries = _entries(model, prefixes)
     expected = sum(value.numel() for _, value in entries)
     if flat.dim() != 1 or flat.numel() != expected:
-        raise ValueError(
-            f"flat weights must be 1-D with {expected} elements, got shape {tuple(flat.shape)}"
-        )
+        raise ValueError(f"flat weights must be 1-D with {expected} elements, got shape {tuple(flat.shape)}")
     flat = flat.to(entries[0][1].device)
     offset = 0
     with torch.no_grad():

@@ -41,9 +41,7 @@ def classifier_in_features(classifier: nn.Module, name: str) -> int:
     ``nn.Linear`` inside it (a head such as ``Sequential(Dropout, Linear)``)."""
     linear = next((m for m in classifier.modules() if isinstance(m, nn.Linear)), None)
     if linear is None:
-        raise ValueError(
-            f"the classifier {name!r} ({type(classifier).__name__}) contains no nn.Linear to take the feature size from"
-        )
+        raise ValueError(f"the classifier {name!r} ({type(classifier).__name__}) contains no nn.Linear to take the feature size from")
     return linear.in_features
 
 
@@ -67,9 +65,7 @@ class WrappedModule(FedModel):
             classifier = None
         if classifier is None:
             children = ", ".join(child for child, _ in module.named_children())
-            raise ValueError(
-                f"{type(module).__name__} has no submodule {name!r} (its top-level submodules: {children or 'none'})"
-            )
+            raise ValueError(f"{type(module).__name__} has no submodule {name!r} (its top-level submodules: {children or 'none'})")
         self.feature_dim = classifier_in_features(classifier, name)
         module.set_submodule(name, nn.Identity())
         self.encoder = module

@@ -38,7 +38,9 @@ Sampling = Literal["poisson", "fixed_size"]
 
 def make_accountant(name: AccountantName, sampling: Sampling = "poisson") -> dp_accounting.PrivacyAccountant:
     """A fresh dp-accounting accountant for ``name`` whose neighbouring relation suits ``sampling``."""
-    relation = dp_accounting.NeighboringRelation.REPLACE_ONE if sampling == "fixed_size" else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    relation = (
+        dp_accounting.NeighboringRelation.REPLACE_ONE if sampling == "fixed_size" else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
     if name == "pld":
         return pld.PLDAccountant(neighboring_relation=relation)
     return rdp.RdpAccountant(neighboring_relation=relation)

@@ -149,7 +149,9 @@ class RoundEngine:
             if partial is not None:
                 self.state_versions[partial.stateful_clients] = round
         if results.excluded_clients:
-            logger.warning("round %d: %d non-finite client update(s) excluded: %s", round, len(results.excluded_clients), results.excluded_clients)
+            logger.warning(
+                "round %d: %d non-finite client update(s) excluded: %s", round, len(results.excluded_clients), results.excluded_clients
+            )
         return results
 
     def evaluate(self, round: int) -> dict[str, float]:
@@ -166,7 +168,9 @@ class RoundEngine:
             metrics.update(self._evaluate_personalized(round, broadcast))
         return metrics
 
-    def evaluate_each_client(self, worker_method: str, round: int, clients: np.ndarray, costs: np.ndarray, broadcast: Any) -> dict[int, dict[str, float]]:
+    def evaluate_each_client(
+        self, worker_method: str, round: int, clients: np.ndarray, costs: np.ndarray, broadcast: Any
+    ) -> dict[int, dict[str, float]]:
         """``ClientWorker.<worker_method>(round, tasks, broadcast)`` over ``clients``, split across the
         workers by ``costs``; the metrics of each client, by ascending client id."""
         parts = self._on_clients(worker_method, round, assign_clients(clients, costs, self.pool.size), broadcast)
@@ -231,7 +235,6 @@ class RoundEngine:
             self.upload_path.load_state_dict(state["upload_path"])
         if self.systems is not None:
             self.systems.load_state_dict(state["systems"])
-
 
     def worker_handles(self) -> list[Any]:
         return self.pool.handles()

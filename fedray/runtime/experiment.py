@@ -184,7 +184,9 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         )
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
-        raise ConfigError(f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition")
+        raise ConfigError(
+            f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition"
+        )
     try:
         algorithm = build_algorithm(config, data)
     except ConfigError:
@@ -198,8 +200,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         raise
     except ValueError as error:
         raise ConfigError(
-            f"invalid config:\n  model.name: {first_line(error)} (data.name={config.data.name} has "
-            f"{data.info.describe()})"
+            f"invalid config:\n  model.name: {first_line(error)} (data.name={config.data.name} has {data.info.describe()})"
         ) from None
     check_requirements(algorithm, model)
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
@@ -454,7 +455,9 @@ def start_server(
     if runtime_env is not None:
         server_options["runtime_env"] = runtime_env
     # The workers boot (import torch, take their copy of the data) while the server does.
-    workers = [start_worker(config, i, data_ref, run_dir, group, first_worker_bundle, runtime_env) for i in range(config.resources.num_workers)]
+    workers = [
+        start_worker(config, i, data_ref, run_dir, group, first_worker_bundle, runtime_env) for i in range(config.resources.num_workers)
+    ]
     actor = ray.remote(Server).options(**server_options).remote(config.to_dict(), [data_ref], run_dir, group, first_worker_bundle, workers)
     if warm is not None:
         warm.server = actor

@@ -102,7 +102,9 @@ def check_local_resources(config: RunConfig) -> None:
     if needed > cores:
         logger.warning(
             "resources: %g CPUs reserved on a machine with %d cores; the workers will share cores and each round "
-            "will be slower than with fewer workers", needed, cores,
+            "will be slower than with fewer workers",
+            needed,
+            cores,
         )
 
 

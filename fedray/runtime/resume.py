@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedray.cluster.jobs import SUBMIT_ADDRESS_VARIABLE
+from fedray.cluster import SUBMIT_ADDRESS_VARIABLE
 from fedray.config import ConfigError
 from fedray.layout import RESUMES_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.tracking import Callback, RunContext
@@ -81,7 +81,11 @@ def config_changes(checkpoint_config: dict[str, Any], config: dict[str, Any]) ->
     """The keys whose values differ between two configs (``RunConfig.to_dict()`` form), in order."""
     before, after = _flatten(checkpoint_config), _flatten(config)
     keys = list(dict.fromkeys([*before, *after]))
-    return [ConfigChange(key, before.get(key, _UNSET), after.get(key, _UNSET)) for key in keys if before.get(key, _UNSET) != after.get(key, _UNSET)]
+    return [
+        ConfigChange(key, before.get(key, _UNSET), after.get(key, _UNSET))
+        for key in keys
+        if before.get(key, _UNSET) != after.get(key, _UNSET)
+    ]
 
 
 def resume_command(run_dir: str | Path) -> str:

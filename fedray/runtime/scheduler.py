@@ -17,9 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def assign_clients(
-    client_ids: np.ndarray, costs: np.ndarray, num_workers: int, slack: float = 0.1, sticky: bool = True
-) -> list[list[int]]:
+def assign_clients(client_ids: np.ndarray, costs: np.ndarray, num_workers: int, slack: float = 0.1, sticky: bool = True) -> list[list[int]]:
     """Client ids per worker (each list ascending). ``costs[i]`` is the cost of ``client_ids[i]``
     (see the module docstring); ``sticky``: keep clients on their home worker within ``slack``."""
     client_ids = np.asarray(client_ids, dtype=np.int64)

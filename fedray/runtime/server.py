@@ -50,11 +50,7 @@ def start_worker(
         )
     if runtime_env is not None:
         options["runtime_env"] = runtime_env
-    return (
-        ray.remote(ClientWorker)
-        .options(**options)
-        .remote(config.to_dict(), data, run_dir, resources.gpus_per_worker > 0)
-    )
+    return ray.remote(ClientWorker).options(**options).remote(config.to_dict(), data, run_dir, resources.gpus_per_worker > 0)
 
 
 class RayPool:
@@ -167,7 +163,6 @@ class Server:
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.engine.load_checkpoint_state(state)
 
-
     def worker_handles(self) -> list[Any]:
         return self.engine.worker_handles()
 
@@ -190,7 +185,6 @@ class RemoteServer:
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         ray.get(self.actor.load_checkpoint_state.remote(state))
-
 
     def worker_handles(self) -> list[Any]:
         return ray.get(self.actor.worker_handles.remote())

@@ -107,8 +107,7 @@ def open_location(location: str) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(location)
     except Exception as error:  # unknown scheme, bad query option, missing credentials
         raise ClientStateError(
-            f"cannot open the client state location {location!r} (a local path, file://, s3://, gs://, "
-            f"hdfs://, abfs://): {error}"
+            f"cannot open the client state location {location!r} (a local path, file://, s3://, gs://, hdfs://, abfs://): {error}"
         ) from None
 
 
@@ -324,7 +323,9 @@ def nodes_missing_location(location: str, timeout: float = 120) -> list[str]:
         read = ray.remote(_read_marker)
         seen = ray.get(
             [
-                read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(location, name)
+                read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+                    location, name
+                )
                 for node in nodes
             ],
             timeout=timeout,

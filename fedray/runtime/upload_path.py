@@ -115,7 +115,9 @@ class ServerUploadPath:
                 from fedray.privacy.accountant import CentralAccountant
             except ImportError as error:
                 raise RunError(f"privacy.mechanism needs the dp-accounting library ({error}); pip install 'fedray[privacy]'") from None
-            self.accountant = CentralAccountant(privacy.accountant, privacy.sampling, self.population, noise_cohort_size(config), self.delta)
+            self.accountant = CentralAccountant(
+                privacy.accountant, privacy.sampling, self.population, noise_cohort_size(config), self.delta
+            )
             if self.delta >= 1 / self.population:
                 logger.warning("privacy.delta %g is >= 1/population (1/%d): the guarantee is weak", self.delta, self.population)
             if self.noise_multiplier is None:
@@ -123,8 +125,14 @@ class ServerUploadPath:
                 self.noise_multiplier = self.accountant.noise_multiplier_for(privacy.target_epsilon, config.train.rounds)
             logger.info(
                 "privacy: %s DP, clip C=%g, noise multiplier z=%.4g, δ=%g, %s accountant, %s sampling q=%d/%d",
-                privacy.mechanism, privacy.clip, self.noise_multiplier, self.delta, privacy.accountant,
-                privacy.sampling, noise_cohort_size(config), self.population,
+                privacy.mechanism,
+                privacy.clip,
+                self.noise_multiplier,
+                self.delta,
+                privacy.accountant,
+                privacy.sampling,
+                noise_cohort_size(config),
+                self.population,
             )
         if config.robust.rule != "none":
             logger.info("robust.rule=%s: the workers collect each client's update instead of summing them", config.robust.rule)
@@ -185,13 +193,21 @@ class ServerUploadPath:
         assert self.accountant is not None and self.noise_multiplier is not None
         if privacy.mechanism == "central":
             self.rounds_accounted += 1
-            return {"dp_epsilon": self.accountant.epsilon(self.noise_multiplier, self.rounds_accounted), "dp_noise_multiplier": self.noise_multiplier}
+            return {
+                "dp_epsilon": self.accountant.epsilon(self.noise_multiplier, self.rounds_accounted),
+                "dp_noise_multiplier": self.noise_multiplier,
+            }
         clients = np.fromiter(client_metrics, dtype=np.int64)
         self.participations[clients] += 1
         for cid in clients:
-            client_metrics[int(cid)]["dp_epsilon"] = local_epsilon(self.noise_multiplier, int(self.participations[cid]), self.delta, privacy.accountant)
+            client_metrics[int(cid)]["dp_epsilon"] = local_epsilon(
+                self.noise_multiplier, int(self.participations[cid]), self.delta, privacy.accountant
+            )
         most = int(self.participations.max())
-        return {"dp_epsilon": local_epsilon(self.noise_multiplier, most, self.delta, privacy.accountant), "dp_noise_multiplier": self.noise_multiplier}
+        return {
+            "dp_epsilon": local_epsilon(self.noise_multiplier, most, self.delta, privacy.accountant),
+            "dp_noise_multiplier": self.noise_multiplier,
+        }
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -151,7 +151,8 @@ class IsolatedCallback(Callback):
             report = user_code_error(f"callback {self.reference}", hook, round, None, error)
             logger.warning(
                 "warning: %s; the callback is switched off for the rest of the run, which goes on\n%s",
-                report, report.user_frames.rstrip("\n"),
+                report,
+                report.user_frames.rstrip("\n"),
             )
 
 

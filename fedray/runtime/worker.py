@@ -159,13 +159,17 @@ class ClientWorker:
         """Evaluation sums of the global model after ``round`` on test rows ``shard::num_shards``."""
         model = self.model_for(None)
         return call_algorithm(
-            self.algorithm, "evaluate_global", round, None,
-            model, tensors_to(broadcast, self.device), self.x_test[shard::num_shards], self.y_test[shard::num_shards],
+            self.algorithm,
+            "evaluate_global",
+            round,
+            None,
+            model,
+            tensors_to(broadcast, self.device),
+            self.x_test[shard::num_shards],
+            self.y_test[shard::num_shards],
         )
 
-    def evaluate_clients(
-        self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]
-    ) -> dict[int, dict[str, float]]:
+    def evaluate_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> dict[int, dict[str, float]]:
         """Evaluation sums of each client's personalised model on its held-out split."""
         broadcast = tensors_to(broadcast, self.device)
         results = {}
@@ -174,9 +178,7 @@ class ClientWorker:
             results[client_id] = call_algorithm(self.algorithm, "evaluate_client", round, client_id, ctx, broadcast)
         return results
 
-    def evaluate_clients_on_test_set(
-        self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]
-    ) -> dict[int, dict[str, float]]:
+    def evaluate_clients_on_test_set(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> dict[int, dict[str, float]]:
         """Metrics of each client's own model on the global test set (algorithms without a global
         model; see ``Algorithm.evaluation_clients``)."""
         train, test = (self.x_train, self.y_train), (self.x_test, self.y_test)

@@ -126,7 +126,10 @@ class SystemsModel:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The clock and the upload size the next round's timing assumes (NaN: none measured yet)."""
         upload = float("nan") if self.upload_bytes_per_client is None else self.upload_bytes_per_client
-        return {"clock": torch.tensor(self.clock, dtype=torch.float64), "upload_bytes_per_client": torch.tensor(upload, dtype=torch.float64)}
+        return {
+            "clock": torch.tensor(self.clock, dtype=torch.float64),
+            "upload_bytes_per_client": torch.tensor(upload, dtype=torch.float64),
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.clock = float(state["clock"])

@@ -95,16 +95,24 @@ def read_trace(path: str, num_clients: int, period: float | None) -> Trace:
     bad = np.flatnonzero((starts < 0) | (ends <= starts))
     if len(bad):
         row = int(bad[0])
-        raise invalid(TRACE_KEY, f"{path} row {row + 1}: interval [{starts[row]:g}, {ends[row]:g}) of client {int(ids[row])} is negative or empty; need 0 <= start < end")
+        raise invalid(
+            TRACE_KEY,
+            f"{path} row {row + 1}: interval [{starts[row]:g}, {ends[row]:g}) of client {int(ids[row])} is negative or empty; need 0 <= start < end",
+        )
     if period is not None and (ends > period).any():
         row = int(np.flatnonzero(ends > period)[0])
-        raise invalid(TRACE_KEY, f"{path} row {row + 1}: interval ends at {ends[row]:g}, after systems.availability.trace_period_seconds={period:g}")
+        raise invalid(
+            TRACE_KEY, f"{path} row {row + 1}: interval ends at {ends[row]:g}, after systems.availability.trace_period_seconds={period:g}"
+        )
     order = np.lexsort((starts, ids))
     ids, starts, ends = ids[order], starts[order], ends[order]
     overlapping = np.flatnonzero((ids[1:] == ids[:-1]) & (starts[1:] < ends[:-1]))
     if len(overlapping):
         i = int(overlapping[0])
-        raise invalid(TRACE_KEY, f"{path}: client {int(ids[i])} has overlapping intervals [{starts[i]:g}, {ends[i]:g}) and [{starts[i + 1]:g}, {ends[i + 1]:g})")
+        raise invalid(
+            TRACE_KEY,
+            f"{path}: client {int(ids[i])} has overlapping intervals [{starts[i]:g}, {ends[i]:g}) and [{starts[i + 1]:g}, {ends[i + 1]:g})",
+        )
     return Trace(ids, starts, ends, period)
 
 

@@ -53,7 +53,10 @@ def build_devices(config: DevicesConfig, seed: int, num_clients: int) -> Devices
     """The run's devices from ``systems.devices``; a bad profile name or table is a config error."""
     if config.source == "distribution":
         ids = np.arange(num_clients)
-        flops, down, up = (_log_normal(dist, seed, ids, draw) for draw, dist in enumerate((config.flops_per_second, config.download_mbps, config.upload_mbps)))
+        flops, down, up = (
+            _log_normal(dist, seed, ids, draw)
+            for draw, dist in enumerate((config.flops_per_second, config.download_mbps, config.upload_mbps))
+        )
     elif config.source == "profiles":
         flops, down, up = _from_profiles(config.profiles, seed, num_clients)
     else:
@@ -73,7 +76,9 @@ def _from_profiles(shares: dict[str, float], seed: int, num_clients: int) -> tup
     profiles = [DEVICE_PROFILES[name] for name in shares]
     bounds = np.cumsum(list(shares.values())) / sum(shares.values())
     # a draw apart from the three of source=distribution
-    which = np.minimum(np.searchsorted(bounds, uniform(seed, DEVICE_STREAM, 0, np.arange(num_clients), draw=6), side="right"), len(profiles) - 1)
+    which = np.minimum(
+        np.searchsorted(bounds, uniform(seed, DEVICE_STREAM, 0, np.arange(num_clients), draw=6), side="right"), len(profiles) - 1
+    )
     table = np.array([[p.flops_per_second, p.download_mbps, p.upload_mbps] for p in profiles])[which]
     return table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy()
 
@@ -87,7 +92,10 @@ def _from_file(path: str, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.
         raise invalid(key, f"{path}: client id {int(ids[np.flatnonzero(np.bincount(ids) > 1)[0]])} has more than one row")
     if len(ids) != num_clients:
         missing = np.setdiff1d(np.arange(num_clients), ids)
-        raise invalid(key, f"{path}: no row for client id {int(missing[0])} ({len(missing)} of {num_clients} clients missing); give one row per client")
+        raise invalid(
+            key,
+            f"{path}: no row for client id {int(missing[0])} ({len(missing)} of {num_clients} clients missing); give one row per client",
+        )
     values = []
     for column in ("flops_per_second", "download_mbps", "upload_mbps"):
         if (columns[column] <= 0).any():

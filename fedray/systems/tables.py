@@ -25,7 +25,9 @@ def read_columns(path: str, key: str, columns: tuple[str, ...]) -> dict[str, np.
     try:
         table = pd.read_parquet(file) if file.suffix == ".parquet" else pd.read_csv(file)
     except Exception as error:  # pandas and pyarrow raise many kinds of errors for unreadable files
-        raise invalid(key, f"cannot read {path} as {'Parquet' if file.suffix == '.parquet' else 'CSV'}: {str(error).splitlines()[0][:200]}") from None
+        raise invalid(
+            key, f"cannot read {path} as {'Parquet' if file.suffix == '.parquet' else 'CSV'}: {str(error).splitlines()[0][:200]}"
+        ) from None
     missing = [column for column in columns if column not in table.columns]
     if missing:
         raise invalid(key, f"{path} lacks the column(s) {', '.join(missing)} (it has {', '.join(map(str, table.columns[:10]))})")
@@ -36,7 +38,9 @@ def read_columns(path: str, key: str, columns: tuple[str, ...]) -> dict[str, np.
         except (TypeError, ValueError):
             raise invalid(key, f"{path}: column {column} is not numeric") from None
         if not np.isfinite(array).all():
-            raise invalid(key, f"{path}: column {column} has a missing or non-finite value in row {int(np.flatnonzero(~np.isfinite(array))[0]) + 1}")
+            raise invalid(
+                key, f"{path}: column {column} has a missing or non-finite value in row {int(np.flatnonzero(~np.isfinite(array))[0]) + 1}"
+            )
         values[column] = array
     ids = values["client_id"]
     if (ids != np.round(ids)).any():
@@ -49,4 +53,7 @@ def check_client_ids(ids: np.ndarray, num_clients: int, path: str, key: str) -> 
     """Every id must name one of the run's ``num_clients`` clients (0 .. num_clients - 1)."""
     unknown = ids[(ids < 0) | (ids >= num_clients)]
     if len(unknown):
-        raise invalid(key, f"{path}: unknown client id {int(unknown[0])} ({len(unknown)} row(s)); the run has client ids 0..{num_clients - 1} (data.num_clients={num_clients})")
+        raise invalid(
+            key,
+            f"{path}: unknown client id {int(unknown[0])} ({len(unknown)} row(s)); the run has client ids 0..{num_clients - 1} (data.num_clients={num_clients})",
+        )

@@ -190,8 +190,17 @@ class LocalCluster:
 
     def start_head(self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 180) -> LocalNode:
         head = self._start(
-            ["--head", "--port", str(self.gcs_port), "--include-dashboard", "true",
-             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)],
+            [
+                "--head",
+                "--port",
+                str(self.gcs_port),
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(self.dashboard_port),
+            ],
             _HEAD_PORT_FLAGS + _NODE_PORT_FLAGS,
             num_cpus,
             resources or {},

@@ -76,7 +76,9 @@ class LocalS3:
         with open(self.log, "w") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while True:

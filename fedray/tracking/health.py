@@ -18,7 +18,6 @@ from typing import Any, Iterable
 from fedray.tracking.callbacks import Callback, RunContext
 
 
-
 class _StderrNow(logging.StreamHandler):
     """A handler that writes to whatever ``sys.stderr`` is when a record comes (a notebook's, pytest's)."""
 
@@ -71,8 +70,7 @@ def loss_outliers(client_rows: list[dict[str, Any]], num_classes: int) -> tuple[
     the 6 runs that later collapsed or diverged, 2 to 20 rounds before (docs/results/fmnist.md,
     "Warnings for finite blow-ups")."""
     key = client_loss_key(name for row in client_rows for name in row)
-    losses = [(int(row["client_id"]), float(row[key])) for row in client_rows
-              if row.get(key) is not None and math.isfinite(row[key])]
+    losses = [(int(row["client_id"]), float(row[key])) for row in client_rows if row.get(key) is not None and math.isfinite(row[key])]
     if len(losses) < 3:
         return key, math.nan, []
     median = statistics.median(loss for _, loss in losses)
@@ -89,7 +87,9 @@ class HealthMonitor(Callback):
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         if row["excluded_updates"]:
-            logger.warning("warning: round %d: %d non-finite client update(s) excluded from aggregation", row["round"], row["excluded_updates"])
+            logger.warning(
+                "warning: round %d: %d non-finite client update(s) excluded from aggregation", row["round"], row["excluded_updates"]
+            )
         key, median, outliers = loss_outliers(client_rows, run.data.info.num_classes)
         if outliers:
             named = ", ".join(f"client {client} ({loss:.3g})" for client, loss in outliers[:3])

@@ -92,8 +92,7 @@ def concatenate_atomically(parts: list[Path], path: Path, tail: pa.Table | None 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns, in its order (null where ``table`` lacks one)."""
     columns = [
-        table[field.name].cast(field.type) if field.name in table.column_names else pa.nulls(len(table), field.type)
-        for field in schema
+        table[field.name].cast(field.type) if field.name in table.column_names else pa.nulls(len(table), field.type) for field in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -264,7 +263,9 @@ class MetricsParquet(Callback):
         logger.warning(
             "the metrics of round(s) %s were removed from %s during the run: their round rows are written again "
             "from memory into %s, their client rows are lost",
-            shown, run.run_dir / PARTS_DIR, METRICS_FILE,
+            shown,
+            run.run_dir / PARTS_DIR,
+            METRICS_FILE,
         )
 
     def _close_segment(self, run: RunContext) -> None:

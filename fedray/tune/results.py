@@ -34,8 +34,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from fedray.layout import (ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOPPED_EARLY, SWEEP_FILE, TERMINATED,
-                           TRIALS_DIR, TRIALS_FILE)
+from fedray.layout import ERROR, META_FILE, PENDING, ROUNDS_FILE, RUNNING, STOPPED_EARLY, SWEEP_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE
 from fedray.tracking.metrics_file import write_parquet_atomically
 from fedray.tune.spec import Domain, SweepSpec, load_sweep
 
@@ -134,8 +133,10 @@ class TrialProgress:
     def add(self, round: int, value: float | None, mode: str, wall_time_s: float | None) -> None:
         self.round = round
         self.latest_metric = value
-        if value is not None and not math.isnan(value) and (
-            self.best_metric is None or (value > self.best_metric if mode == "max" else value < self.best_metric)
+        if (
+            value is not None
+            and not math.isnan(value)
+            and (self.best_metric is None or (value > self.best_metric if mode == "max" else value < self.best_metric))
         ):
             self.best_metric, self.best_round = value, round
         if wall_time_s is not None:
@@ -295,8 +296,11 @@ class SweepResults(tune.Callback):
     def best(self) -> tuple[str, float] | None:
         """The best trial so far that is not ERROR now (a resumed sweep retries its errored trials), and
         its best value of the sweep's metric."""
-        reported = [(trial_id, p.best_metric) for trial_id, p in self.progress.items()
-                    if p.best_metric is not None and self._statuses.get(trial_id) != ERROR]
+        reported = [
+            (trial_id, p.best_metric)
+            for trial_id, p in self.progress.items()
+            if p.best_metric is not None and self._statuses.get(trial_id) != ERROR
+        ]
         if not reported:
             return None
         pick = max if self.spec.mode == "max" else min

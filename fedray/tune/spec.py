@@ -210,10 +210,14 @@ class SweepSpec(_Strict):
                 raise ValueError("scheduler pbt samples its own population: use search: random")
             grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
             if grids:
-                raise ValueError(f"scheduler pbt copies the donor's values into a cloned trial, which a grid cannot express: use choice for {', '.join(grids)}")
+                raise ValueError(
+                    f"scheduler pbt copies the donor's values into a cloned trial, which a grid cannot express: use choice for {', '.join(grids)}"
+                )
             fixed = [key for key in self.space if key in PBT_FIXED_KEYS or not key.startswith(("train.", "algorithm."))]
             if fixed:
-                raise ValueError(f"scheduler pbt can only change train.* and algorithm.* hyperparameters during a trial, not {', '.join(fixed)}")
+                raise ValueError(
+                    f"scheduler pbt can only change train.* and algorithm.* hyperparameters during a trial, not {', '.join(fixed)}"
+                )
         return self
 
     # ------------------------------------------------------------------ derived facts
@@ -348,13 +352,11 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
     unknown = [name for name in spec.per_algorithm if name not in ALGORITHMS and not is_reference(name)]
     if unknown:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  per_algorithm: unknown algorithm(s) {', '.join(unknown)} "
-            f"(allowed: {', '.join(ALGORITHMS)})"
+            f"invalid sweep file {source}:\n  per_algorithm: unknown algorithm(s) {', '.join(unknown)} (allowed: {', '.join(ALGORITHMS)})"
         )
     if spec.search.type == "optuna" and importlib.util.find_spec("optuna") is None:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  search: optuna is not installed; pip install 'fedray[optuna]' "
-            "(or use search: random)"
+            f"invalid sweep file {source}:\n  search: optuna is not installed; pip install 'fedray[optuna]' (or use search: random)"
         )
     if spec.num_trials > MAX_TRIALS:
         raise ConfigError(

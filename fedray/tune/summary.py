@@ -133,7 +133,12 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
     errored = errored_trials(sweep_dir)
     if not errored.empty:
         keys = list(meta["swept_keys"])
-        lines = [f"### errored trials ({len(errored)})", "", "| trial | " + " | ".join(keys) + " | error |", "|---|" + "---|" * (len(keys) + 1)]
+        lines = [
+            f"### errored trials ({len(errored)})",
+            "",
+            "| trial | " + " | ".join(keys) + " | error |",
+            "|---|" + "---|" * (len(keys) + 1),
+        ]
         lines += [
             f"| {row['trial_id']} | " + " | ".join(str(row[key]) for key in keys) + f" | {_one_line(row['error'])} |"
             for _, row in errored.iterrows()
@@ -158,7 +163,9 @@ def evaluation_mark(algorithm_name: str) -> str:
 def _cell(metric: str, group: pd.DataFrame) -> str:
     """``mean ± std (n=k)`` of the completed trials, then how many errored."""
     values = group.loc[~group["errored"], "value"].dropna()
-    parts = [f"{format_metric(metric, values.mean())} ± {format_metric(metric, values.std(ddof=0))} (n={len(values)})"] if len(values) else []
+    parts = (
+        [f"{format_metric(metric, values.mean())} ± {format_metric(metric, values.std(ddof=0))} (n={len(values)})"] if len(values) else []
+    )
     if group["errored"].any():
         parts.append(f"{int(group['errored'].sum())} errored")
     return "; ".join(parts) or "—"

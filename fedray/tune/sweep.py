@@ -125,9 +125,7 @@ def connect_ray(address: str | None, spec: SweepSpec, verbose: bool) -> tuple[bo
     else:
         largest_trial = max(trial_cpus(spec.trial_config(values), spec) for values in spec.trial_shapes())
         # address="local": never join another Ray that happens to run on this machine
-        context = ray.init(
-            address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env, **output
-        )
+        context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(largest_trial)), runtime_env=runtime_env, **output)
     url = context.dashboard_url or None
     return True, (url if url is None or "://" in url else f"http://{url}")
 
@@ -181,9 +179,7 @@ def make_run_config(spec: SweepSpec, sweep_dir: Path, scheduler: tune.schedulers
 
 
 def _trainable(spec: SweepSpec, sweep_dir: Path):
-    return tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir.resolve())), trial_resources(spec)
-    )
+    return tune.with_resources(tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir.resolve())), trial_resources(spec))
 
 
 @contextmanager
@@ -220,7 +216,9 @@ def _fit(tuner: tune.Tuner, sweep_dir: Path, verbose: bool) -> SweepOutcome:
     return SweepOutcome(sweep_dir=sweep_dir, status=status, num_errors=num_errors, num_unfinished=num_unfinished)
 
 
-def _connect_and_fit(sweep_dir: Path, spec: SweepSpec, address: str | None, verbose: bool, make_tuner: Callable[[], tune.Tuner]) -> SweepOutcome:
+def _connect_and_fit(
+    sweep_dir: Path, spec: SweepSpec, address: str | None, verbose: bool, make_tuner: Callable[[], tune.Tuner]
+) -> SweepOutcome:
     """Connect to Ray, build the Tuner and fit it; anything that escapes (a failed connection or
     restore, an exception in Tune) leaves ``meta.json`` saying "failed", never "running"."""
     started_ray = False
@@ -254,9 +252,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, verbose: bool = False
     return _connect_and_fit(sweep_dir, spec, address, verbose, make_tuner)
 
 
-def resume_sweep(
-    sweep_dir: str | Path, address: str | None = None, verbose: bool = False, trust_tune_state: bool = False
-) -> SweepOutcome:
+def resume_sweep(sweep_dir: str | Path, address: str | None = None, verbose: bool = False, trust_tune_state: bool = False) -> SweepOutcome:
     """Continue the sweep in ``sweep_dir`` without re-running its finished trials. Refuses a folder
     whose Tune state fedray did not record (:mod:`fedray.tune.trust`) unless ``trust_tune_state``.
     Tune keeps the search, scheduler and run config in ``tune/``; only the trainable is given again."""

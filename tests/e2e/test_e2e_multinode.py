@@ -1,0 +1,297 @@
+"""A real two-node Ray cluster on this machine (fedray.testing.cluster): runs submitted with
+``fedray submit`` spread their workers over both nodes, return their results through a ``file://``
+URI, and survive losing the second node mid-run with the same final model. Stateful algorithms
+(MOON, FedCoSR) keep their client state on a real S3 endpoint (moto's server on loopback) instead
+of a shared directory and survive the same loss; a run whose client state would be node-local is
+refused before its first round.
+
+The cluster is isolated from the session's ``ray_session`` and from any other Ray on the machine
+(own ports, temp dir and token) and only its own processes are stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+
+import pyarrow.fs
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from fedray.testing.cluster import LocalCluster
+from fedray.testing.s3 import LocalS3
+from fedray.cluster.placement import WORKERS_FILE
+from fedray.runtime import list_checkpoints, load_checkpoint
+from fedray.runtime.state_store import open_location
+from fedray.tracking import read_metrics
+
+from e2e_helpers import final_weights, comparable_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+ROUNDS = 5
+RUN_CONFIG = f"""\
+algorithm: {{name: fedprox, mu: 0.1}}
+data: {{num_clients: 8}}
+train: {{rounds: {ROUNDS}, clients_per_round: 4, local_epochs: 1}}
+checkpoint: {{every: 1, keep: 1}}
+resources: {{num_workers: 2, placement_strategy: SPREAD}}
+output: {{name: run, tensorboard: false, plots: false}}
+"""
+
+
+def node_ids(cluster: LocalCluster) -> dict[str, str]:
+    return {("head" if node["is_head_node"] else "second"): node["node_id"] for node in cluster.alive_nodes()}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Head (2 CPUs) + second node (2 CPUs); yields the cluster, the second node and both node ids.
+    Every node gets the local S3 endpoint's dummy credentials in its environment."""
+    previous = LocalS3.export_credentials()
+    # A short directory: Ray's Unix socket paths under it must stay below 108 bytes.
+    with LocalCluster(tmp_path_factory.mktemp("c")) as cluster:
+        cluster.start_head(num_cpus=2)
+        second = cluster.add_node(num_cpus=2, resources={"second_node": 2})
+        yield cluster, second, node_ids(cluster)
+    LocalS3.restore(previous)
+
+
+def second_node(cluster) -> tuple[LocalCluster, object, dict[str, str]]:
+    """The cluster with a live second node (a new one if an earlier test killed it)."""
+    the_cluster, second, nodes = cluster
+    if len(the_cluster.alive_nodes()) < 2:
+        second = the_cluster.add_node(num_cpus=2, resources={"second_node": 2})
+    return the_cluster, second, node_ids(the_cluster)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A real S3 API (moto's server) on a free loopback port, reachable from every node."""
+    pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
+    with LocalS3(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("work")
+    (directory / "run.yaml").write_text(RUN_CONFIG)
+    return directory
+
+
+def fedray(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess:
+    """The ``fedray`` command, with only this cluster's address and token in its environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | cluster.client_env
+    return subprocess.run(["fedray", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def submit(cluster: LocalCluster, work_dir, *args: str) -> subprocess.CompletedProcess:
+    return fedray(cluster, "submit", "--address", cluster.dashboard_url, "--working-dir", str(work_dir), *args)
+
+
+def job_id(result: subprocess.CompletedProcess) -> str:
+    match = re.search(r"submitted job (\S+):", result.stdout)
+    assert match, result.stdout + result.stderr
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def fault_free_run(cluster, work_dir, tmp_path_factory):
+    """A run submitted with --follow whose output.dir is a file:// URI; returns its synced run dir."""
+    results, staging = tmp_path_factory.mktemp("results"), tmp_path_factory.mktemp("staging")
+    result = submit(
+        cluster[0],
+        work_dir,
+        "--follow",
+        "--",
+        "run",
+        str(work_dir / "run.yaml"),
+        "--quiet",
+        "--set",
+        f"output.dir=file://{results}",
+        "--set",
+        f"output.staging_dir={staging}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"job {job_id(result)}: SUCCEEDED" in result.stderr
+    return results / "run"
+
+
+def test_submitted_run_spreads_workers_over_both_nodes(cluster, fault_free_run):
+    the_cluster, _, nodes = cluster
+    assert json.loads((fault_free_run / "summary.json").read_text())["rounds"] == ROUNDS
+    assert [r["round"] for r in read_metrics(fault_free_run)] == list(range(1, ROUNDS + 1))
+    placement = json.loads((fault_free_run / WORKERS_FILE).read_text())
+    assert placement["driver_node_id"] == nodes["head"]
+    assert sorted(placement["placements"][0]["worker_node_ids"]) == sorted(nodes.values())
+    servers = the_cluster.state("actors", class_name="Server")
+    assert servers and {server["node_id"] for server in servers} == {nodes["head"]}
+
+
+def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_path):
+    sweep = work_dir / "sweep.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cluster-sweep",
+                "base": "run.yaml",  # relative to the sweep file: uploaded with the working directory
+                "overrides": ["train.rounds=2", "resources.num_workers=1", "resources.placement_strategy=PACK"],
+                "space": {"data.alpha": {"grid": [0.5]}},
+                "output": {"dir": str(tmp_path / "sweeps")},
+            }
+        )
+    )
+    result = submit(cluster[0], work_dir, "--follow", "--", "tune", str(sweep))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [sweep_dir] = (tmp_path / "sweeps").iterdir()
+    [trial] = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
+    assert (trial["status"], trial["round"]) == ("TERMINATED", 2)
+
+
+def test_run_survives_losing_the_second_node(cluster, work_dir, fault_free_run, tmp_path):
+    the_cluster, second, nodes = cluster
+    result = submit(the_cluster, work_dir, "--", "run", str(work_dir / "run.yaml"), "--quiet", "--set", f"output.dir={tmp_path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = job_id(result)
+    run_dir = tmp_path / "run"
+
+    deadline = time.monotonic() + 240
+    while not read_metrics(run_dir):  # round 1 is done: both nodes have workers at work
+        assert time.monotonic() < deadline, fedray(the_cluster, "jobs", "logs", job).stdout[-3000:]
+        time.sleep(0.2)
+    second.kill()
+
+    followed = fedray(the_cluster, "jobs", "logs", job, "--follow", "--address", the_cluster.dashboard_url)
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert [node["node_id"] for node in the_cluster.alive_nodes()] == [nodes["head"]]
+    assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
+    placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
+    assert nodes["second"] in placements[0]["worker_node_ids"]
+    assert placements[-1]["worker_node_ids"] == [nodes["head"], nodes["head"]]  # recovered on the head
+    assert torch.equal(final_weights(run_dir), final_weights(fault_free_run))
+    assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(fault_free_run))
+
+
+# ------------------------------------------------------------------ stateful algorithms, state on S3
+
+STATEFUL = {
+    "moon": "algorithm: {name: moon}\nmodel: {projection_dim: 16}\n",
+    "fedcosr": "algorithm: {name: fedcosr}\ndata: {num_clients: 8, client_test_fraction: 0.25}\neval: {personalized: true}\n",
+}
+STATEFUL_ROUNDS = 4
+
+
+def stateful_config(work_dir, algorithm: str) -> str:
+    base = yaml.safe_load(RUN_CONFIG)
+    for key, value in yaml.safe_load(STATEFUL[algorithm]).items():
+        base[key] = value if key == "algorithm" else {**base.get(key, {}), **value}
+    base["train"]["rounds"] = STATEFUL_ROUNDS
+    path = work_dir / f"{algorithm}.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return str(path)
+
+
+def state_objects(s3: LocalS3, prefix: str) -> list[str]:
+    filesystem, root = open_location(s3.uri(prefix))
+    selector = pyarrow.fs.FileSelector(root, recursive=True, allow_not_found=True)
+    return sorted(info.path for info in filesystem.get_file_info(selector) if info.path.endswith(".pt"))
+
+
+def start_run(cluster: LocalCluster, work_dir, log, mode: str, *args: str) -> subprocess.Popen:
+    """``fedray run ARGS`` on the cluster, as a submitted job followed to its end (``submit``) or as a
+    driver on this machine connected to the head (``driver``), its output going to the file ``log``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | cluster.client_env
+    if mode == "submit":
+        command = ["fedray", "submit", "--address", cluster.dashboard_url, "--working-dir", str(work_dir), "--follow", "--", "run", *args]
+    else:
+        command = ["fedray", "run", *args, "--address", f"127.0.0.1:{cluster.gcs_port}"]
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, cwd=work_dir, env=env, stdout=output, stderr=subprocess.STDOUT)
+    process.log = log
+    return process
+
+
+def finish(process: subprocess.Popen) -> None:
+    process.wait(timeout=400)
+    assert process.returncode == 0, process.log.read_text()[-4000:]
+
+
+@pytest.mark.parametrize("algorithm, mode", [("moon", "driver"), ("fedcosr", "submit")])
+def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path, algorithm, mode):
+    """No directory is shared for client state: it lives on the S3 endpoint. Clients of the second
+    node's worker move to its replacement on the head, which reads their state from S3; the run
+    ends with the weights and metrics of an uninterrupted run. MOON runs from a driver connected to
+    the cluster, FedCoSR as a submitted job."""
+    the_cluster, second, nodes = second_node(cluster)
+    config = stateful_config(work_dir, algorithm)
+    results = tmp_path / "runs"
+    common = [config, "--quiet", "--set", f"output.dir={results}", "--set", f"output.client_state_dir={s3.uri(f'state-{algorithm}')}"]
+    finish(start_run(the_cluster, work_dir, tmp_path / "reference.log", mode, *common, "--set", "output.name=reference"))
+
+    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", mode, *common, "--set", "output.name=faulted")
+    run_dir = results / "faulted"
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(run_dir):  # round 1 is done: both nodes have workers at work
+        assert time.monotonic() < deadline and faulted.poll() is None, faulted.log.read_text()[-3000:]
+        time.sleep(0.1)
+    second.kill()
+    finish(faulted)
+
+    reference_dir = results / "reference"
+    placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
+    assert nodes["second"] in placements[0]["worker_node_ids"]
+    assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
+    assert torch.equal(final_weights(run_dir), final_weights(reference_dir))
+    assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(reference_dir))
+    assert comparable_rows(read_metrics(run_dir, "client")) == comparable_rows(read_metrics(reference_dir, "client"))
+    assert not any(results.rglob("client_state"))  # nothing on a local disk...
+    assert state_objects(s3, f"state-{algorithm}/faulted")  # ...the state is on S3
+
+
+def test_node_local_client_state_is_refused_before_the_first_round(cluster, work_dir, tmp_path):
+    """A node whose view of the client-state directory is its own (a private tmpfs mounted over it,
+    as on a machine that does not share the disk) makes a stateful run fail before round 1."""
+    the_cluster = cluster[0]
+    local_dir = tmp_path / "node-local"
+    local_dir.mkdir()
+    private_view = (
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        'mount -t tmpfs node-local "$0" && exec "$@"',
+        str(local_dir),
+    )
+    node = the_cluster.add_node(num_cpus=1, wrapper=private_view)
+    try:
+        config = stateful_config(work_dir, "moon")
+        result = submit(
+            the_cluster,
+            work_dir,
+            "--follow",
+            "--",
+            "run",
+            config,
+            "--quiet",
+            "--set",
+            f"output.dir={tmp_path}",
+            "--set",
+            f"output.client_state_dir={local_dir}",
+            "--set",
+            "output.name=refused",
+        )
+    finally:
+        node.kill()
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "output.client_state_dir: moon keeps per-client state in" in output and "which is node-local" in output
+    assert not read_metrics(tmp_path / "refused")  # not a single round ran

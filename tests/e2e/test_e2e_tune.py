@@ -1,0 +1,222 @@
+"""``fedray tune`` end to end on the session's real local Ray (4 logical CPUs): tiny digits trials of
+1 worker each (2 CPUs with the driver's bundle), so two trials run side by side."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from fedray.cli.main import main
+from fedray import load_config
+from fedray.runtime import list_checkpoints
+from fedray.tracking import read_metrics
+from fedray.tune import load_sweep
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+TINY_BASE = {
+    "data": {"num_clients": 4, "alpha": 1.0},
+    "train": {"rounds": 4, "clients_per_round": 4, "local_epochs": 2, "lr": 0.1},
+    "checkpoint": {"every": 2},
+    "resources": {"num_workers": 1, "cpus_per_worker": 1},
+    "output": {"tensorboard": False, "plots": False},
+}
+TRIAL_COLUMNS = ["round", "latest_metric", "best_metric", "best_round", "wall_time_s", "run_dir", "error"]
+
+
+def write_sweep(tmp_path: Path, **fields) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": TINY_BASE, "output": {"dir": str(tmp_path / "sweeps")}, **fields}))
+    return path
+
+
+def only_sweep_dir(tmp_path: Path) -> Path:
+    [sweep_dir] = list((tmp_path / "sweeps").iterdir())
+    return sweep_dir
+
+
+def rows_by_trial(sweep_dir: Path) -> dict[str, dict]:
+    return {row["trial_id"]: row for row in pq.read_table(sweep_dir / "trials.parquet").to_pylist()}
+
+
+def test_grid_sweep_with_asha_writes_the_sweep_directory_and_stops_the_bad_trial(ray_session, tmp_path, capsys):
+    # The absurd learning rate comes last: with two trials at a time it reaches ASHA's round-2 rung
+    # after good trials have recorded theirs, and it is far below them (chance level vs > 50%).
+    lrs = [0.1, 0.05, 0.08, 1e-6]
+    sweep_file = write_sweep(
+        tmp_path,
+        name="tiny",
+        space={"train.lr": {"grid": lrs}},
+        scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 2},
+        max_concurrent_trials=2,
+    )
+    assert main(["tune", str(sweep_file)]) == 0
+    printed = capsys.readouterr().out
+    sweep_dir = only_sweep_dir(tmp_path)
+
+    meta = json.loads((sweep_dir / "meta.json").read_text())
+    assert re.fullmatch(r"tiny-\d{8}-\d{6}", meta["sweep_id"]) and meta["sweep_id"] == sweep_dir.name
+    assert {k: meta[k] for k in ("metric", "mode", "swept_keys", "num_trials", "status")} == {
+        "metric": "test_accuracy",
+        "mode": "max",
+        "swept_keys": ["train.lr"],
+        "num_trials": 4,
+        "status": "finished",
+    }
+    datetime.fromisoformat(meta["started_at"])
+    assert load_sweep(sweep_dir / "sweep.yaml") == load_sweep(sweep_file)
+
+    table = pq.read_table(sweep_dir / "trials.parquet")
+    assert table.schema.names == ["trial_id", "status", "train.lr", *TRIAL_COLUMNS]
+    trials = rows_by_trial(sweep_dir)
+    assert sorted(row["train.lr"] for row in trials.values()) == sorted(lrs)
+    rounds = pq.read_table(sweep_dir / "rounds.parquet").to_pylist()
+    assert {"trial_id", "round", "test_accuracy", "test_loss", "train_loss", "seconds"} <= set(rounds[0])
+    assert not {"training_iteration", "time_total_s", "timestamp"} & set(rounds[0])
+
+    group_ids = set()
+    for trial_id, row in trials.items():
+        run_dir = sweep_dir / row["run_dir"]
+        assert row["run_dir"] == f"trials/{trial_id}" and row["error"] is None
+        engine_rows = read_metrics(run_dir, "round")
+        reported = [r for r in rounds if r["trial_id"] == trial_id]
+        assert [r["round"] for r in reported] == [r["round"] for r in engine_rows] == list(range(1, row["round"] + 1))
+        accuracies = [r["test_accuracy"] for r in engine_rows]
+        assert [r["test_accuracy"] for r in reported] == accuracies
+        assert row["latest_metric"] == accuracies[-1] and row["best_metric"] == max(accuracies)
+        assert accuracies[row["best_round"] - 1] == row["best_metric"]
+        assert load_config(run_dir / "config.yaml").train.lr == row["train.lr"]
+        assert list_checkpoints(run_dir)
+        assert row["status"] == ("TERMINATED" if row["round"] == 4 else "STOPPED_EARLY")
+        # a finished trial's run directory is complete although ASHA ends every trial at its last report
+        assert (run_dir / "summary.json").is_file() == (row["status"] == "TERMINATED")
+        # the trial's worker ran inside the trial's own placement group: driver+server bundle, worker bundle
+        placement = json.loads((run_dir / "placement.json").read_text())
+        assert placement["bundles"] == [{"CPU": 1.0}, {"CPU": 1.0}]
+        assert placement["worker_placement_group_ids"] == [placement["placement_group_id"]]
+        group_ids.add(placement["placement_group_id"])
+    # two trials at a time in two groups; a later trial may reuse a finished one's (reuse_workers)
+    assert len(group_ids) >= 2
+
+    bad = next(row for row in trials.values() if row["train.lr"] == 1e-6)
+    assert (bad["status"], bad["round"]) == ("STOPPED_EARLY", 2)
+    assert any(row["status"] == "TERMINATED" for row in trials.values())
+    best = max(trials.values(), key=lambda row: row["best_metric"])
+    assert f"best trial         {best['trial_id']}" in printed and f"train.lr = {best['train.lr']}" in printed
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_killed_sweep_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
+    # A short and a long trial side by side; the sweep's driver is SIGKILLed once the short one has
+    # finished and the long one is mid-run with a checkpoint, then `fedray tune --resume` finishes it.
+    long_rounds = 24
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "local_epochs": 1}, "checkpoint": {"every": 1}}
+    sweep_file = write_sweep(tmp_path, name="killed", base=base, space={"train.rounds": {"grid": [2, long_rounds]}})
+    log = open(tmp_path / "fedray-tune.log", "w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "fedray.cli.main", "tune", str(sweep_file), "--address", ray_session.get_runtime_context().gcs_address],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def short_done_and_long_checkpointed() -> bool:
+            sweeps = tmp_path / "sweeps"
+            if not sweeps.is_dir() or not any(sweeps.iterdir()) or not (only_sweep_dir(tmp_path) / "trials.parquet").is_file():
+                return False
+            trials = rows_by_trial(only_sweep_dir(tmp_path)).values()
+            short = [t for t in trials if t["train.rounds"] == 2 and t["status"] == "TERMINATED"]
+            long = [t for t in trials if t["train.rounds"] == long_rounds]
+            return bool(short and long and list_checkpoints(only_sweep_dir(tmp_path) / long[0]["run_dir"]))
+
+        wait_for(short_done_and_long_checkpointed, 240, "the short trial to finish and the long one to checkpoint")
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        log.close()
+    sweep_dir = only_sweep_dir(tmp_path)
+    trials = rows_by_trial(sweep_dir)
+    short_id = next(t for t, row in trials.items() if row["train.rounds"] == 2)
+    long_id = next(t for t, row in trials.items() if row["train.rounds"] == long_rounds)
+    short_files = {p.name: p.stat().st_mtime_ns for p in (sweep_dir / "trials" / short_id).iterdir() if p.is_file()}
+    # the killed driver's trials are torn down by Ray (their placement groups freed) before resuming
+    wait_for(lambda: ray_session.available_resources().get("CPU") == 4.0, 60, "the killed sweep's resources")
+    long_dir = sweep_dir / "trials" / long_id
+    checkpointed = list_checkpoints(long_dir)[-1][0]
+    assert checkpointed < long_rounds, "the long trial finished before the kill; make it longer"
+    before = {r["round"]: r for r in read_metrics(long_dir, "round") if r["round"] <= checkpointed}
+
+    assert main(["tune", "--resume", str(sweep_dir)]) == 0
+
+    trials = rows_by_trial(sweep_dir)
+    assert {t: (row["status"], row["round"]) for t, row in trials.items()} == {
+        short_id: ("TERMINATED", 2),
+        long_id: ("TERMINATED", long_rounds),
+    }
+    assert json.loads((sweep_dir / "meta.json").read_text())["status"] == "finished"
+    # the finished trial was not run again: none of its files was rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in (sweep_dir / "trials" / short_id).iterdir() if p.is_file()} == short_files
+    # the long trial continued from its checkpoint: the rounds before it are the original rows
+    # (a restart would have re-timed them), and no round is missing or duplicated
+    after = read_metrics(long_dir, "round")
+    assert [r["round"] for r in after] == list(range(1, long_rounds + 1))
+    assert [r["seconds"] for r in after[:checkpointed]] == [before[r]["seconds"] for r in range(1, checkpointed + 1)]
+    rounds = pq.read_table(sweep_dir / "rounds.parquet").to_pylist()
+    assert sorted((r["trial_id"], r["round"]) for r in rounds) == sorted(
+        [(short_id, r) for r in (1, 2)] + [(long_id, r) for r in range(1, long_rounds + 1)]
+    )
+
+
+def test_a_trial_that_fails_on_its_config_errors_once_and_is_listed(ray_session, tmp_path, capsys):
+    # Validation before Ray catches config errors; one that only shows in the trial when it loads its
+    # data (here: the sweep's per-algorithm overrides changed after validation to more clients than
+    # samples, as data missing on a worker node would) must end the trial at once (no retry despite
+    # max_failures), and be listed, not dropped.
+    from fedray.cli.tune import print_outcome
+    from fedray.tune import parse_sweep, run_sweep
+
+    spec = parse_sweep(
+        {
+            "name": "errs",
+            "base": {**TINY_BASE, "train": {**TINY_BASE["train"], "rounds": 2, "local_epochs": 1}},
+            "space": {"algorithm.name": {"grid": ["fedavg", "fedprox"]}},
+            "per_algorithm": {"fedprox": ["algorithm.mu=0.1"]},
+            "max_failures": 3,
+            "max_concurrent_trials": 2,
+            "output": {"dir": str(tmp_path / "sweeps")},
+        },
+        tmp_path / "errs.yaml",
+        tmp_path,
+    )
+    spec.per_algorithm["fedprox"].append("data.num_clients=5000")
+    outcome = run_sweep(spec)
+    assert (outcome.num_errors, outcome.num_unfinished, outcome.status) == (1, 0, "finished")
+    trials = {row["algorithm.name"]: row for row in rows_by_trial(outcome.sweep_dir).values()}
+    assert trials["fedavg"]["status"] == "TERMINATED" and trials["fedprox"]["status"] == "ERROR"
+    assert "data.num_clients (K=5000) exceeds the number of training samples" in trials["fedprox"]["error"]
+    # ended on its first attempt: Tune saw a normal end (no error file, no retry) and no round ran
+    tune_trial_dir = outcome.sweep_dir / "tune" / outcome.sweep_dir.name / trials["fedprox"]["trial_id"]
+    assert not list(tune_trial_dir.glob("error.*"))
+    assert not list((outcome.sweep_dir / "trials" / trials["fedprox"]["trial_id"]).glob("checkpoints/*"))
+    print_outcome(outcome.sweep_dir, 5)
+    printed = capsys.readouterr().out
+    assert "errored trials" in printed and trials["fedprox"]["trial_id"] in printed
+    comparison = (outcome.sweep_dir / "comparison.md").read_text()
+    assert "| fedprox | 1 errored |" in comparison and "### errored trials (1)" in comparison

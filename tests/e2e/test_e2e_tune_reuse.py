@@ -1,0 +1,84 @@
+"""Warm trials (``reuse_workers``): trials run one after another in the same trial process, server and
+workers, and give the results of a standalone run of their config; a crashed trial takes its process
+with it and the next trial starts a new one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedray import load_config
+from fedray.runtime import run_experiment
+from fedray.tracking import read_metrics
+from fedray.tune import parse_sweep, run_sweep
+from test_e2e_tune import TINY_BASE
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+# tiny trials of 1 worker; 3 rounds with a checkpoint after round 2 and 3
+BASE = {**TINY_BASE, "data": {"num_clients": 6, "alpha": 1.0}, "train": {**TINY_BASE["train"], "rounds": 3, "local_epochs": 1}}
+
+
+def sweep(tmp_path: Path, space: dict, **fields):
+    spec = parse_sweep(
+        {"name": "warm", "base": BASE, "space": space, "max_concurrent_trials": 1, "output": {"dir": str(tmp_path / "sweeps")}, **fields},
+        tmp_path / "warm.yaml",
+        tmp_path,
+    )
+    outcome = run_sweep(spec)
+    trials = pq.read_table(outcome.sweep_dir / "trials.parquet").to_pylist()
+    return outcome, sorted(trials, key=lambda row: row["trial_id"])  # Tune's order, in which they ran
+
+
+def placement(sweep_dir: Path, trial: dict) -> dict:
+    return json.loads((sweep_dir / trial["run_dir"] / "placement.json").read_text())
+
+
+def assert_same_as_standalone(sweep_dir: Path, trial: dict, out_dir: Path) -> None:
+    """Every metric of every round the trial ran, except the timing, equals a standalone run of its config."""
+    # Quoted: --set values are YAML, and a trial id such as 43754_00002 would read as the integer 4375400002.
+    config = load_config(sweep_dir / trial["run_dir"] / "config.yaml", [f"output.dir={out_dir}", f"output.name='{trial['trial_id']}'"])
+    summary = run_experiment(config, progress=False)
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # noqa: E731
+    warm = strip(read_metrics(sweep_dir / trial["run_dir"], "round"))
+    standalone = strip(read_metrics(Path(summary.run_dir), "round"))
+    assert len(warm) == trial["round"] and warm == standalone[: len(warm)], f"trial {trial['trial_id']} differs from a standalone run"
+
+
+def test_warm_trials_reuse_the_pool_and_match_standalone_runs(ray_session, tmp_path):
+    # One trial at a time: every trial after the first reuses the first one's process, placement group
+    # and worker process, across a change of algorithm (SCAFFOLD keeps client state) and of data.
+    outcome, trials = sweep(tmp_path, {"algorithm.name": {"grid": ["fedavg", "scaffold"]}, "data.alpha": {"grid": [1.0, 0.3]}})
+    assert outcome.status == "finished" and [t["status"] for t in trials] == ["TERMINATED"] * 4
+    placements = [placement(outcome.sweep_dir, t) for t in trials]
+    assert len({p["placement_group_id"] for p in placements}) == 1
+    assert len({tuple(p["worker_pids"]) for p in placements}) == 1
+    assert all(p["worker_placement_group_ids"] == [p["placement_group_id"]] for p in placements)
+    for trial in trials:
+        assert_same_as_standalone(outcome.sweep_dir, trial, tmp_path / "standalone")
+
+
+def test_a_crashed_trial_does_not_leave_its_pool_to_the_next_trial(ray_session, tmp_path):
+    # The middle trial diverges (a RunError: a crash, not a config error) and errors without retry; the
+    # next trial runs in a new process with new workers and still matches its standalone run.
+    outcome, trials = sweep(tmp_path, {"train.lr": {"grid": [0.1, 1e12, 0.05]}}, max_failures=0)
+    assert [(t["train.lr"], t["status"]) for t in trials] == [(0.1, "TERMINATED"), (1e12, "ERROR"), (0.05, "TERMINATED")]
+    error_file = outcome.sweep_dir / "tune" / outcome.sweep_dir.name / trials[1]["trial_id"] / "error.txt"
+    assert "training diverged" in error_file.read_text()
+    before, after = placement(outcome.sweep_dir, trials[0]), placement(outcome.sweep_dir, trials[2])
+    assert set(before["worker_pids"]).isdisjoint(after["worker_pids"])
+    assert_same_as_standalone(outcome.sweep_dir, trials[2], tmp_path / "standalone")
+
+
+def test_a_trial_stopped_by_asha_leaves_a_pool_the_next_trial_reuses(ray_session, tmp_path):
+    # ASHA stops the hopeless middle trial after round 1 (Tune ends it at its report, between rounds);
+    # the next trial runs on the same workers and matches its standalone run for the rounds it ran.
+    outcome, trials = sweep(
+        tmp_path, {"train.lr": {"grid": [0.1, 1e-6, 0.05]}}, scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2}
+    )
+    assert [(t["train.lr"], t["status"], t["round"]) for t in trials[:2]] == [(0.1, "TERMINATED", 3), (1e-6, "STOPPED_EARLY", 1)]
+    assert len({tuple(placement(outcome.sweep_dir, t)["worker_pids"]) for t in trials}) == 1
+    assert_same_as_standalone(outcome.sweep_dir, trials[2], tmp_path / "standalone")
