@@ -10,7 +10,9 @@ Debian's ``dataset-fashion-mnist`` package installs in /usr/share/datasets/fashi
   decode 70,000 PNGs with Pillow, write the ``.npz`` cache);
 - ``parquet, cached``: the same config again (stat the files, read the cache);
 - ``parquet arrays``: a table whose image column holds each image's pixel values (a flat list of
-  784 uint8s and ``data.image_size: 28``): nothing to decode, nothing cached.
+  784 uint8s and ``data.image_size: 28``): nothing to decode, nothing cached;
+- ``parquet raw bytes``: the same pixels as a fixed-size binary column (784 bytes a row), which
+  Parquet reads without decoding each value.
 
 It also checks that the decoded arrays equal the IDX arrays bit for bit (PNG is lossless).
 
@@ -47,9 +49,13 @@ def write_png_table(x: np.ndarray, y: np.ndarray, path: Path) -> None:
     pq.write_table(pa.table({"image": encoded, "label": y}), path)
 
 
-def write_pixel_table(x: np.ndarray, y: np.ndarray, path: Path) -> None:
-    """uint8 ``[N, 1, H, W]`` images as a Parquet table of flat pixel lists and labels."""
-    pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x[0].size)
+def write_pixel_table(x: np.ndarray, y: np.ndarray, path: Path, raw_bytes: bool = False) -> None:
+    """uint8 ``[N, 1, H, W]`` images as a Parquet table of flat pixel lists (or, ``raw_bytes``, of
+    fixed-size binary rows) and labels."""
+    if raw_bytes:
+        pixels = pa.FixedSizeBinaryArray.from_buffers(pa.binary(x[0].size), len(x), [None, pa.py_buffer(np.ascontiguousarray(x).tobytes())])
+    else:
+        pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x[0].size)
     pq.write_table(pa.table({"image": pixels, "label": y}), path)
 
 
@@ -71,6 +77,16 @@ def main() -> None:
         write_png_table(test.x, test.y, scratch / "test.parquet")
         write_pixel_table(train.x, train.y, scratch / "train_pixels.parquet")
         write_pixel_table(test.x, test.y, scratch / "test_pixels.parquet")
+        write_pixel_table(train.x, train.y, scratch / "train_bytes.parquet", raw_bytes=True)
+        write_pixel_table(test.x, test.y, scratch / "test_bytes.parquet", raw_bytes=True)
+        bytes_cfg = DataConfig(
+            name="table",
+            path=str(scratch / "train_bytes.parquet"),
+            test_path=str(scratch / "test_bytes.parquet"),
+            image_column="image",
+            image_size=28,
+            root=str(scratch / "data"),
+        )
         pixels_cfg = DataConfig(
             name="table",
             path=str(scratch / "train_pixels.parquet"),
@@ -87,7 +103,13 @@ def main() -> None:
             image_column="image",
             root=str(scratch / "data"),
         )
-        times: dict[str, list[float]] = {"idx": [], "parquet, first": [], "parquet, cached": [], "parquet arrays": []}
+        times: dict[str, list[float]] = {
+            "idx": [],
+            "parquet, first": [],
+            "parquet, cached": [],
+            "parquet arrays": [],
+            "parquet raw bytes": [],
+        }
         for _ in range(args.repeats):
             seconds, _ = timed(lambda: load_dataset(idx_cfg, seed=0))
             times["idx"].append(seconds)
@@ -98,9 +120,11 @@ def main() -> None:
             times["parquet, cached"].append(seconds)
             seconds, (pixel_train, _, _) = timed(lambda: load_dataset(pixels_cfg, seed=0))
             times["parquet arrays"].append(seconds)
+            seconds, (bytes_train, _, _) = timed(lambda: load_dataset(bytes_cfg, seed=0))
+            times["parquet raw bytes"].append(seconds)
         assert np.array_equal(first_train.x, train.x) and np.array_equal(first_test.x, test.x)
         assert np.array_equal(cached_train.x, train.x) and np.array_equal(first_train.y, train.y)
-        assert np.array_equal(pixel_train.x, train.x)
+        assert np.array_equal(pixel_train.x, train.x) and np.array_equal(bytes_train.x, train.x)
         cache = next((scratch / "data" / "cache").glob("*.npz"))
         print(f"Parquet files: {sizes / 1e6:.1f} MB of PNG bytes; cache file: {cache.stat().st_size / 1e6:.1f} MB")
         idx = statistics.median(times["idx"])

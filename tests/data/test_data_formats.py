@@ -151,13 +151,15 @@ def test_parquet_image_column_is_decoded_and_cached(tmp_path: Path) -> None:
 
 
 def test_parquet_pixel_arrays_load_as_they_are(tmp_path: Path) -> None:
-    """Images stored as pixel values: flat rows with data.image_size, [H, W] and [C, H, W] nested lists."""
+    """Images stored as pixel values: flat rows with data.image_size, [H, W] and [C, H, W] nested lists,
+    and fixed-size binary rows of raw bytes."""
     x = (np.arange(6 * 3 * 4 * 4) % 251).astype(np.uint8).reshape(6, 3, 4, 4)
     labels = [0, 1, 2, 0, 1, 2]
     layouts = {
         "flat": ([row.reshape(-1).tolist() for row in x], {"image_size": 4}, x),
         "hw": ([row[0].tolist() for row in x], {}, x[:, :1]),
         "chw": ([row.tolist() for row in x], {}, x),
+        "bytes": (pa.FixedSizeBinaryArray.from_buffers(pa.binary(48), 6, [None, pa.py_buffer(x.tobytes())]), {"image_size": 4}, x),
     }
     for name, (column, keys, expected) in layouts.items():
         pq.write_table(pa.table({"pixels": column, "label": labels}), tmp_path / f"{name}.parquet")
