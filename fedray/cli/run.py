@@ -119,5 +119,5 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
         print(f"first round after  {before_run + summary.first_round_seconds:.1f} s (from the command's start)")
     workers = " workers.json," if summary.backend == "ray" else ""
     print(
-        f"files              config.yaml, metrics.parquet, summary.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/"
+        f"files              config.yaml, metrics.parquet, summary.json, run_info.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/"
     )
