@@ -23,12 +23,14 @@ It also checks that the decoded arrays equal the IDX arrays bit for bit (PNG is 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -73,36 +75,24 @@ def main() -> None:
         scratch = Path(scratch)
         idx_cfg = DataConfig(name="fmnist", root=str(scratch / "empty"))
         train, test, _ = load_dataset(idx_cfg, seed=0)  # untimed: imports and the page cache
-        write_png_table(train.x, train.y, scratch / "train.parquet")
-        write_png_table(test.x, test.y, scratch / "test.parquet")
-        write_pixel_table(train.x, train.y, scratch / "train_pixels.parquet")
-        write_pixel_table(test.x, test.y, scratch / "test_pixels.parquet")
-        write_pixel_table(train.x, train.y, scratch / "train_bytes.parquet", raw_bytes=True)
-        write_pixel_table(test.x, test.y, scratch / "test_bytes.parquet", raw_bytes=True)
-        bytes_cfg = DataConfig(
-            name="table",
-            path=str(scratch / "train_bytes.parquet"),
-            test_path=str(scratch / "test_bytes.parquet"),
-            image_column="image",
-            image_size=28,
-            root=str(scratch / "data"),
-        )
-        pixels_cfg = DataConfig(
-            name="table",
-            path=str(scratch / "train_pixels.parquet"),
-            test_path=str(scratch / "test_pixels.parquet"),
-            image_column="image",
-            image_size=28,
-            root=str(scratch / "data"),
-        )
+
+        def table_config(stem: str, write: Callable[[np.ndarray, np.ndarray, Path], None], **keys: int) -> DataConfig:
+            """Both splits written as ``<split><stem>.parquet`` by ``write``, and the config that loads them."""
+            write(train.x, train.y, scratch / f"train{stem}.parquet")
+            write(test.x, test.y, scratch / f"test{stem}.parquet")
+            return DataConfig(
+                name="table",
+                path=str(scratch / f"train{stem}.parquet"),
+                test_path=str(scratch / f"test{stem}.parquet"),
+                image_column="image",
+                root=str(scratch / "data"),
+                **keys,
+            )
+
+        table_cfg = table_config("", write_png_table)
         sizes = sum((scratch / f"{split}.parquet").stat().st_size for split in ("train", "test"))
-        table_cfg = DataConfig(
-            name="table",
-            path=str(scratch / "train.parquet"),
-            test_path=str(scratch / "test.parquet"),
-            image_column="image",
-            root=str(scratch / "data"),
-        )
+        pixels_cfg = table_config("_pixels", write_pixel_table, image_size=28)
+        bytes_cfg = table_config("_bytes", functools.partial(write_pixel_table, raw_bytes=True), image_size=28)
         times: dict[str, list[float]] = {
             "idx": [],
             "parquet, first": [],

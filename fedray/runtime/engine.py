@@ -65,7 +65,7 @@ class RoundEngine:
         self.checkpoint_versions: list[np.ndarray] = []
         self.shared_broadcast: Any = None
         self.broadcast_round = 0
-        self.broadcast_bytes = 0  # of the shared broadcast: what each client of its round downloads
+        self.plain_broadcast: dict[str, Any] = {}  # the broadcast itself; shared_broadcast is the pool's handle on it
 
     def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
         return [
@@ -76,9 +76,8 @@ class RoundEngine:
     def broadcast(self, round: int) -> Any:
         """The broadcast for ``round``, shared with the pool once."""
         if self.shared_broadcast is None or self.broadcast_round != round:
-            broadcast = self.algorithm.broadcast(self.state, round)
-            self.broadcast_bytes = payload_bytes(broadcast)
-            self.shared_broadcast = self.pool.share(broadcast)
+            self.plain_broadcast = self.algorithm.broadcast(self.state, round)
+            self.shared_broadcast = self.pool.share(self.plain_broadcast)
             self.broadcast_round = round
         return self.shared_broadcast
 
@@ -97,7 +96,8 @@ class RoundEngine:
         plan = None
         if self.systems is not None:  # decided before any client runs: dropped and late clients do not train
             self.broadcast(round)
-            plan = self.systems.plan_round(round, self.broadcast_bytes, cohort)
+            broadcast_bytes = payload_bytes(self.plain_broadcast)  # what each client of the round downloads
+            plan = self.systems.plan_round(round, broadcast_bytes, cohort)
             cohort = plan.reporting
         elif cohort is None:
             cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
@@ -117,7 +117,7 @@ class RoundEngine:
             **self.upload_row,
         }
         if plan is not None:
-            row.update(self.systems.finish_round(round, plan, results, self.broadcast_bytes))
+            row.update(self.systems.finish_round(round, plan, results, broadcast_bytes))
         if round % cfg.eval.every == 0 or round == cfg.train.rounds:
             row.update(self.evaluate(round))
         row["seconds"] = time.perf_counter() - started
@@ -144,7 +144,7 @@ class RoundEngine:
         partials: list[PartialResult | None] = self._on_clients("run_clients", round, assignment, self.broadcast(round))
         results = merge_partials([p for p in partials if p is not None])
         if self.upload_path is not None:
-            results, self.upload_row = self.upload_path.apply(round, results, self.algorithm.broadcast(self.state, round)["weights"])
+            results, self.upload_row = self.upload_path.apply(round, results, self.plain_broadcast["weights"])
         for partial in partials:
             if partial is not None:
                 self.state_versions[partial.stateful_clients] = round
