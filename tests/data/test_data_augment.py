@@ -106,6 +106,7 @@ def test_ssl_views_full_crop_without_flip_or_colour_is_identity() -> None:
     torch.testing.assert_close(same, x, rtol=0, atol=1e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cpu_generator_with_cuda_batch() -> None:
     x = torch.rand(8, 3, 32, 32, generator=seeded(0))

@@ -195,6 +195,7 @@ def test_training_diverged_keeps_its_round_through_pickling():
     assert str(error) == "round 3: all 10 client updates were non-finite"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_worker_copies_the_broadcast_to_the_gpu_once_a_round_and_trains_as_on_cpu(tmp_path):
     from fedray.models import get_flat_weights
