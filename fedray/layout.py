@@ -17,6 +17,7 @@ LEARNING_CURVE_PLOT = "learning_curve.png"
 CHECKPOINTS_DIR = "checkpoints"  # checkpoints/round_<round, 6 digits>.pt (fedray.runtime.checkpoint)
 RUN_ID_FILE = "run_id"  # a run whose client state lives outside it: its claim's id (fedray.runtime.state_store)
 RESUMES_FILE = "resumes.json"  # each resume that changed the config: round, time, changes (fedray.runtime.resume)
+STOPPED_FILE = "stopped.json"  # Ctrl-C or SIGTERM stopped the run: its last round and when; removed when it starts again
 
 # A sweep directory (written by ``fedray tune``).
 SWEEP_FILE = "sweep.yaml"  # the sweep spec, as given

@@ -9,8 +9,11 @@ Endpoints (all GET):
 - ``/api/curves?metric=M&trial=ID&trial=ID...`` → downsampled metric-vs-round curves of those trials;
 - ``/api/groups?by=KEY&by=KEY...&metric=M`` → the comparison table (mean ± std per group of trials that
   share the values of those swept keys) and each group's mean ± std band of M round by round;
-- ``/api/run?trial=ID[&round=R]`` → one run's curves, per-client distribution at round R, config;
-- ``/api/file?trial=ID&name=partition.png`` → one of a run directory's figures or its ``config.yaml``.
+- ``/api/importance?value=latest_metric|best_metric`` → fANOVA importance of each swept key (Optuna's evaluator);
+- ``/api/run?trial=ID[&round=R]`` → one run's curves, its client metrics summarised per round, the
+  per-client values at round R (at most ``MAX_CLIENT_POINTS`` clients), config;
+- ``/api/file?trial=ID&name=partition.png`` → one of a run directory's figures or its ``config.yaml``,
+  streamed from the file (``sendfile``: never read into memory).
 
 Safety: only files inside the served folder are read, after resolving links (:mod:`fedray.dashboard.data`);
 a request whose ``Host`` header is not this server's address and port is refused (DNS rebinding: a web page
@@ -18,6 +21,13 @@ of another site must not read the dashboard through a name that resolves to 127.
 absolute path; the listen backlog is :attr:`DashboardServer.request_queue_size`, a connection that does not
 send its request within ``request_timeout`` seconds is closed, and at most ``max_threads`` requests are
 handled at once (further connections wait in the backlog).
+
+Load: a new connection waits in a selector, holding no thread, until its request starts to arrive;
+only then does a handler thread take it. So idle connections (a browser's pre-opened sockets, or
+many of them on purpose) never keep a request waiting; at most :attr:`DashboardServer.max_waiting`
+of them are kept (the longest-waiting is closed first), each for ``request_timeout`` seconds. Memory
+stays bounded by what one request needs: large metric files are summarised once per version and
+shared by all readers (:mod:`fedray.dashboard.run_metrics`), and files are sent without reading them.
 """
 
 from __future__ import annotations
@@ -25,8 +35,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import mimetypes
+import os
+import selectors
 import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -72,6 +85,7 @@ class DashboardServer(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (the standard library's 5 drops connections of a busy page)
+    max_waiting = 256  # connections kept open before their request starts; beyond, the longest-waiting is closed
 
     def __init__(
         self,
@@ -102,16 +116,54 @@ class DashboardServer(ThreadingHTTPServer):
         names = [*LOOPBACK_NAMES, *allowed_hosts] + ([] if is_wildcard(host) else [f"[{host}]" if ":" in host else host])
         port = self.server_address[1]
         self.allowed_hosts = {f"{name.lower()}:{port}" for name in names}
+        self.waiting = selectors.DefaultSelector()  # connections whose request has not started: data = (since, address)
+        self.waiting_lock = threading.Lock()
+        self.closing = threading.Event()
+        self.waiting_room = threading.Thread(target=self._admit_waiting, name="fedray-dashboard-waiting", daemon=True)
+        self.waiting_room.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Hand the connection to a new thread once fewer than ``max_threads`` are busy (the accept loop
-        waits meanwhile, and new connections queue in the backlog)."""
-        self.handler_slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.handler_slots.release()
-            raise
+        """Put a new connection in the waiting room (:meth:`_admit_waiting` hands it to a thread when its
+        request starts to arrive); with :attr:`max_waiting` there already, close the longest-waiting one."""
+        with self.waiting_lock:
+            keys = list(self.waiting.get_map().values())
+            if len(keys) >= self.max_waiting:
+                oldest = min(keys, key=lambda key: key.data[0])
+                self.waiting.unregister(oldest.fileobj)
+                self.shutdown_request(oldest.fileobj)
+            self.waiting.register(request, selectors.EVENT_READ, (time.monotonic(), client_address))
+
+    def _admit_waiting(self) -> None:
+        """The waiting room's loop: a connection with bytes to read goes to a handler thread once fewer
+        than ``max_threads`` are busy; one silent for ``request_timeout`` seconds is closed."""
+        while not self.closing.is_set():
+            for key, _ in self.waiting.select(timeout=0.1):
+                with self.waiting_lock:
+                    self.waiting.unregister(key.fileobj)
+                while not self.handler_slots.acquire(timeout=0.1):
+                    if self.closing.is_set():
+                        self.shutdown_request(key.fileobj)
+                        return
+                try:
+                    super().process_request(key.fileobj, key.data[1])  # ThreadingMixIn: a thread for it
+                except Exception:
+                    self.handler_slots.release()
+                    self.shutdown_request(key.fileobj)
+            expired = time.monotonic() - self.request_timeout
+            with self.waiting_lock:
+                for key in [key for key in self.waiting.get_map().values() if key.data[0] < expired]:
+                    self.waiting.unregister(key.fileobj)
+                    self.shutdown_request(key.fileobj)
+
+    def server_close(self) -> None:
+        self.closing.set()
+        self.waiting_room.join()
+        with self.waiting_lock:
+            for key in list(self.waiting.get_map().values()):
+                self.waiting.unregister(key.fileobj)
+                self.shutdown_request(key.fileobj)
+            self.waiting.close()
+        super().server_close()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -167,6 +219,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 self.send_json({**data.overview().to_json(), "refresh_seconds": self.server.refresh_seconds})
             elif url.path == "/api/curves":
                 self.send_json(data.curves(query.get("trial", []), first(query, "metric") or data.overview().metric))
+            elif url.path == "/api/importance":
+                self.send_json(data.importance(first(query, "value") or "latest_metric"))
             elif url.path == "/api/groups":
                 self.send_json(data.groups(query.get("by", []), first(query, "metric") or data.overview().metric))
             elif url.path == "/api/run":
@@ -203,16 +257,19 @@ class DashboardHandler(BaseHTTPRequestHandler):
         self.send_json({"error": message}, status)
 
     def send_file(self, path: Path, cache: bool) -> None:
-        body = path.read_bytes()
+        """Send the file from the kernel's page cache (``sendfile``), without reading it into memory; a
+        file cut short while it is sent ends the connection early (the client sees an incomplete body)."""
         content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         if path.suffix in (".yaml", ".json"):
             content_type = "text/plain; charset=utf-8"  # shown in the browser rather than downloaded
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Cache-Control", "max-age=86400" if cache else "no-cache")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        with path.open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Cache-Control", "max-age=86400" if cache else "no-cache")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self.connection.sendfile(file, 0, size)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per poll would drown the terminal; errors go through log_error

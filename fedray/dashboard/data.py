@@ -28,6 +28,7 @@ Nothing outside the folder is read and no absolute path is put in what the page 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import threading
@@ -53,21 +54,28 @@ from fedray.layout import (
     RUNNING,
     RUN_INFO_FILE,
     SAVED_CONFIG_FILE,
+    STOPPED_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     TERMINATED,
     TRIALS_DIR,
     TRIALS_FILE,
 )
-from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR, read_metrics_table
+from fedray.dashboard.run_metrics import RunMetrics, read_clients_at_round, read_run_metrics
+from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
 
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
 RUN_FILES = (SAVED_CONFIG_FILE, PARTITION_PLOT, LEARNING_CURVE_PLOT, SUMMARY_FILE)
-#: The files whose change means a run made progress (metrics arrive as Parquet parts while it runs).
-RUN_PROGRESS_FILES = (SAVED_CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE)
+#: The files whose change means a run made progress or ended (metrics arrive as Parquet parts while it runs;
+#: ``stopped.json`` when its user stopped it).
+RUN_PROGRESS_FILES = (SAVED_CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE, STOPPED_FILE)
+#: A sweep trial's record of the placement group it held (fedray.tune.trainable.PlacementRecord).
+PLACEMENT_FILE = "placement.json"
 
 DEFAULT_METRIC = "test_accuracy"
 MAX_CURVE_POINTS = 500
+#: Clients whose values /api/run sends for one round; a larger round is shown by this many of them.
+MAX_CLIENT_POINTS = 1000
 # Columns of trials.parquet that are not swept keys.
 TRIAL_COLUMNS = ("trial_id", "status", "round", "latest_metric", "best_metric", "best_round", "wall_time_s", "run_dir", "error")
 # Round-row columns that are bookkeeping, not metrics to plot.
@@ -79,6 +87,13 @@ ALGORITHM_KEY = "algorithm.name"
 SYMBOLS = {"algorithm.tau": "τ", "algorithm.num_neighbors": "M", "algorithm.beta": "β", "algorithm.mu": "μ", "data.alpha": "α"}
 # Statuses of a trial that ended without finishing: no final value, shown as failed with their error.
 FAILED_STATUSES = (ERROR, "INTERRUPTED", "STALLED")
+# A run its user stopped (Ctrl-C, SIGTERM: exit 130, ``stopped.json``): unfinished, not failed.
+STOPPED = "STOPPED"
+UNFINISHED_STATUSES = (*FAILED_STATUSES, STOPPED)
+# fANOVA's random forest (Hutter et al. 2014, through optuna.importance.FanovaImportanceEvaluator): fixed seed, so
+# the page shows the same importances on every refresh.
+IMPORTANCE_TREES = 64
+IMPORTANCE_SEED = 0
 # A run (or a sweep that says "running") whose files have not changed for longer than
 # max(STALE_AFTER_S, STALE_ROUNDS × its slowest round) is taken for dead (crashed, killed, machine lost).
 STALE_AFTER_S = 600.0
@@ -287,7 +302,7 @@ def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric:
         values = {key: trial.get(key) for key in by}
         key = (tuple(repr(values[k]) for k in by), trial["metric_name"])
         group = groups.setdefault(key, {"values": values, "metric_name": trial["metric_name"], "trial_ids": [], "failed": []})
-        group["failed" if trial.get("status") in FAILED_STATUSES else "trial_ids"].append(trial["trial_id"])
+        group["failed" if trial.get("status") in UNFINISHED_STATUSES else "trial_ids"].append(trial["trial_id"])
     by_id = {t["trial_id"]: t for t in trials}
     ordered = sorted(groups.values(), key=lambda g: ([sort_key(g["values"][k]) for k in by], g["metric_name"] != metric, g["metric_name"]))
     for group in ordered:
@@ -339,6 +354,84 @@ def summarize_curve(rounds: list[int], values: list[float | None], mode: str) ->
         "best_metric": None if best is None else best[1],
         "best_round": None if best is None else best[0],
     }
+
+
+def run_times(run_dir: Path, status: str) -> tuple[float | None, float | None]:
+    """When a run started and ended, in seconds since the epoch, from its files: it starts when it writes its
+    ``config.yaml`` (again when it resumes) and ends when it writes ``summary.json``; one that ended without
+    it (failed, stopped, interrupted) ended at its newest progress file. ``None`` for what has not happened."""
+    started = file_stamp(run_dir / SAVED_CONFIG_FILE)
+    if started is None:
+        return None, None
+    ended = file_stamp(run_dir / SUMMARY_FILE)
+    if ended is None and status not in (RUNNING, PENDING):
+        ended = max((stamp for stamp in map(file_stamp, (run_dir / name for name in RUN_PROGRESS_FILES)) if stamp), default=None)
+    return started[0] / 1e9, None if ended is None else ended[0] / 1e9
+
+
+def held_resources(placement: dict[str, Any] | None) -> dict[str, float] | None:
+    """The resources a sweep trial held: the sum of its placement group's bundles (``placement.json``,
+    ``{"CPU": 2.0, "GPU": 0.5}``); None without that record (runs outside ``fedray tune``)."""
+    total: dict[str, float] = {}
+    for bundle in (placement or {}).get("bundles") or []:
+        for name, amount in bundle.items() if isinstance(bundle, dict) else ():
+            if isinstance(amount, (int, float)) and not isinstance(amount, bool):
+                total[name] = total.get(name, 0.0) + float(amount)
+    return total or None
+
+
+def importance_distribution(values: list[Any], categorical: bool, domain_kind: str | None) -> Any:
+    """The Optuna distribution a swept key's ``values`` (one per trial) were drawn from: an int or float range
+    (log-scaled for ``loguniform``, or, without the sweep's spec, for positive values spanning two decades, as the
+    page's axes are) for sampled numbers, else categories: the values as text, ``n/a`` where the key does not
+    apply to a trial."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not categorical and numbers and len(numbers) == len(values):
+        low, high = min(numbers), max(numbers)
+        log = domain_kind == "loguniform" or (domain_kind is None and low > 0 and high / low >= 100)
+        if all(isinstance(v, int) for v in numbers):
+            return IntDistribution(int(low), int(high), log=log)
+        return FloatDistribution(float(low), float(high), log=log)
+    return CategoricalDistribution(sorted({importance_choice(v) for v in values}))
+
+
+def importance_choice(value: Any) -> str:
+    return "n/a" if value is None else format_value(value)
+
+
+def param_importances(
+    trials: list[dict[str, Any]], swept_keys: list[str], categorical_keys: list[str], space: dict[str, Any], value_key: str
+) -> list[dict[str, Any]]:
+    """fANOVA importance of each swept key for ``value_key`` (``best_metric`` or ``latest_metric``) over
+    ``trials`` (finished, all of one quantity): the share of the value's variance that each key explains on its
+    own, from a random forest fitted to the trials (Hutter, Hoos & Leyton-Brown, ICML 2014, eq. 5–6), as
+    :class:`optuna.importance.FanovaImportanceEvaluator` computes it on an in-memory study built from the
+    trials. Sorted, most important first; the importances add up to 1."""
+    import optuna
+
+    domains = {key: next(iter(space[key]), None) if isinstance(space.get(key), dict) else None for key in swept_keys}
+    distributions = {
+        key: importance_distribution([t.get(key) for t in trials], key in categorical_keys, domains[key]) for key in swept_keys
+    }
+    frozen = []
+    for trial in trials:
+        params = {
+            key: importance_choice(trial.get(key)) if isinstance(distribution, optuna.distributions.CategoricalDistribution) else trial[key]
+            for key, distribution in distributions.items()
+        }
+        frozen.append(optuna.trial.create_trial(params=params, distributions=distributions, value=float(trial[value_key])))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line in the server's terminal
+    try:
+        study = optuna.create_study()
+        study.add_trials(frozen)
+        evaluator = optuna.importance.FanovaImportanceEvaluator(n_trees=IMPORTANCE_TREES, seed=IMPORTANCE_SEED)
+        importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return [{"key": key, "importance": float(value)} for key, value in importances.items()]
 
 
 def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -443,17 +536,21 @@ class FileCache:
     """Parsed file contents keyed by path and ``(mtime_ns, size)``: a file is parsed again only when
     it changed. If a file that was read before cannot be parsed now (half-written by a non-atomic
     copy), the last good contents are returned with a warning instead of an error. Only files inside
-    ``root`` (after resolving links) are read."""
+    ``root`` (after resolving links) are read. Concurrent reads of one changed file parse it once:
+    the others wait for that parse (so many readers of a large file hold one parse, not one each)."""
 
     def __init__(self, root: Path, max_entries: int = 512) -> None:
         self.root = root
         self.max_entries = max_entries
-        self.entries: OrderedDict[tuple[Path, Callable], tuple[tuple[int, int], Any]] = OrderedDict()
+        self.entries: OrderedDict[tuple[Path, Callable, Any], tuple[tuple[int, int], Any]] = OrderedDict()
+        self.entries_lock = threading.Lock()
+        self.parse_locks = [threading.Lock() for _ in range(64)]  # a key's parse holds the lock of its hash
 
-    def read(self, path: Path, parse: Callable[[Path], Any], messages: list[Message]) -> Any | None:
+    def read(self, path: Path, parse: Callable[..., Any], messages: list[Message], variant: Any = None) -> Any | None:
         """The parsed file, or None if it does not exist, leads outside the folder or was never readable
         (a message says why). ``parse`` is part of the key, so pass a module-level function, not a new
-        lambda each call."""
+        lambda each call. ``variant`` (hashable; part of the key): a second argument of ``parse``, for
+        several parses of one file (one round's rows)."""
         if not path.exists():
             return None
         resolved = inside(path, self.root)
@@ -464,13 +561,19 @@ class FileCache:
         stamp = file_stamp(path)
         if stamp is None:
             return None
-        key = (path, parse)
-        cached = self.entries.get(key)
-        if cached is not None and cached[0] == stamp:
-            self.entries.move_to_end(key)
-            return cached[1]
+        key = (path, parse, variant)
+        with self.parse_locks[hash(key) % len(self.parse_locks)]:
+            return self._read_locked(key, stamp, messages)
+
+    def _read_locked(self, key: tuple[Path, Callable, Any], stamp: tuple[int, int], messages: list[Message]) -> Any | None:
+        path, parse, variant = key
+        with self.entries_lock:
+            cached = self.entries.get(key)
+            if cached is not None and cached[0] == stamp:
+                self.entries.move_to_end(key)
+                return cached[1]
         try:
-            value = parse(path)
+            value = parse(path) if variant is None else parse(path, variant)
         except Exception as error:  # any parse failure of a half-written file is reported, not raised
             reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             reason = reason.replace(str(path), path.name).replace(str(self.root), self.root.name)  # readers name the absolute path
@@ -486,9 +589,10 @@ class FileCache:
                 Message("error", f"{shown_path(path, self.root)} could not be read ({reason}). Is it half-written or copied incompletely?")
             )
             return None
-        self.entries[key] = (stamp, value)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
+        with self.entries_lock:
+            self.entries[key] = (stamp, value)
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
         return value
 
 
@@ -507,10 +611,9 @@ def run_metrics_path(run_dir: Path) -> Path:
     return parts if parts.is_dir() else run_dir / METRICS_FILE
 
 
-def read_run_metrics_frame(path: Path) -> pd.DataFrame:
-    """A run's metric rows, from either layout (``path`` is from :func:`run_metrics_path`)."""
-    table = read_metrics_table(path.parent)
-    return pd.DataFrame(columns=["round"]) if table is None else table.to_pandas()
+def read_round_clients(path: Path, round: int) -> pd.DataFrame:
+    """The client rows of one round of the run whose metrics are at ``path`` (from :func:`run_metrics_path`)."""
+    return read_clients_at_round(path.parent, round)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -552,6 +655,8 @@ class DashboardData:
         self._overview: Overview | None = None
         self._rounds: pd.DataFrame = pd.DataFrame(columns=["trial_id", "round"])
         self._longest_round: dict[str, float] = {}  # per unit watched for staleness ("" = the sweep), from the last overview
+        self.importance_lock = threading.Lock()  # one fANOVA fit at a time (a second request waits for the first's result)
+        self._importance: dict[tuple[str, str], dict[str, Any]] = {}  # (version, value) → the last result
 
     def shown(self, path: Path) -> str:
         return shown_path(path, self.root)
@@ -668,6 +773,11 @@ class DashboardData:
         if failed:
             listed = "; ".join(f"{t['trial_id']} ({t['status']}): {t['error']}" for t in failed[:5])
             messages.append(Message("error", f"{len(failed)} of {len(trials)} trials failed — {listed}{' ...' if len(failed) > 5 else ''}"))
+        stopped = [t for t in trials if t["status"] == STOPPED]
+        if stopped:
+            listed = "; ".join(f"{t['trial_id']}: {t['error']}" for t in stopped[:5])
+            more = " ..." if len(stopped) > 5 else ""
+            messages.append(Message("info", f"{len(stopped)} of {len(trials)} runs were stopped by their user — {listed}{more}"))
         rounds_metrics = numeric_columns(self._rounds)
         return self._base(
             kind,
@@ -683,6 +793,13 @@ class DashboardData:
             messages=messages,
             **fields,
         )
+
+    def _add_timing(self, trial: dict[str, Any], run_dir: Path | None, messages: list[Message]) -> None:
+        """The trial's ``started_at`` and ``ended_at`` (:func:`run_times`) and ``resources`` (:func:`held_resources`),
+        for the timeline, the optimisation history and the CSV export."""
+        trial["started_at"], trial["ended_at"] = run_times(run_dir, trial["status"]) if run_dir is not None else (None, None)
+        placement = self.cache.read(run_dir / PLACEMENT_FILE, read_json_object, messages) if run_dir is not None else None
+        trial["resources"] = held_resources(placement)
 
     def _evaluation(self, run_dir: Path | None, messages: list[Message]) -> str | None:
         """``personalised`` or ``global`` (``run_info.json``); None for a run from before that file."""
@@ -759,6 +876,7 @@ class DashboardData:
                 how = "stopped writing" if status == "stalled" else f"ended ({status})"
                 trial["status"] = "INTERRUPTED"
                 trial["error"] = f"the sweep {how} before this trial finished; `fedray tune --resume` continues it"
+            self._add_timing(trial, self.trial_run_dir(trial["trial_id"], trials), messages)
 
         return self._finish(
             "sweep",
@@ -804,7 +922,14 @@ class DashboardData:
             if "seconds" in rounds.columns:
                 self._longest_round[trial_id] = float(pd.to_numeric(rounds["seconds"], errors="coerce").max() or 0.0)
             status, error = TERMINATED, None
-            if summary is None:
+            stopped = self.cache.read(run_dir / STOPPED_FILE, read_json_object, messages) if summary is None else None
+            if stopped is not None:
+                status = STOPPED
+                error = (
+                    f"stopped by its user after round {stopped.get('round', '?')} ({stopped.get('stopped_at', 'time unknown')}); "
+                    f"`fedray run --resume {self.shown(run_dir)}` continues it from its last checkpoint"
+                )
+            elif summary is None:
                 status = RUNNING if len(rounds) else PENDING
                 run_files = [run_dir / n for n in (SAVED_CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)]
                 if self.is_stale(trial_id, run_files):
@@ -826,6 +951,7 @@ class DashboardData:
                     "evaluation": self._evaluation(run_dir, messages),
                 }
             )
+            self._add_timing(trials[-1], run_dir, messages)
             configs.append(config)
         swept_keys = differing_keys(configs) if kind == "runs" else []
         for trial, config in zip(trials, configs):
@@ -846,11 +972,8 @@ class DashboardData:
 
     def _run_round_rows(self, run_dir: Path, messages: list[Message]) -> pd.DataFrame:
         """The ``scope == "round"`` rows of a run's ``metrics.parquet`` (empty frame if none yet)."""
-        metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
-        if metrics is None or "round" not in metrics.columns:
-            return pd.DataFrame(columns=["round"])
-        rows = metrics[metrics["scope"] == "round"] if "scope" in metrics.columns else metrics
-        return rows.drop(columns=[c for c in ("scope", "client_id") if c in rows.columns]).sort_values("round").reset_index(drop=True)
+        metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics, messages)
+        return pd.DataFrame(columns=["round"]) if metrics is None else metrics.rounds
 
     def _best_config(self, trial_id: str | None, trials: list[dict[str, Any]], messages: list[Message]) -> str | None:
         if trial_id is None:
@@ -921,6 +1044,52 @@ class DashboardData:
             group["curve"] = band(rounds[rounds["trial_id"].isin(group["trial_ids"])], metric, self.max_curve_points)
         return json_safe({"by": keys, "metric": overview.metric, "mode": overview.mode, "curve_metric": metric, "groups": table})
 
+    def importance(self, value_key: str) -> dict[str, Any]:
+        """Hyperparameter importance (:func:`param_importances`) of the swept keys for ``value_key``
+        (``best_metric`` or ``latest_metric``) over the finished trials whose metric is the sweep's own quantity;
+        ``available`` is False, with a ``message`` saying why, when Optuna is missing or too few trials differ.
+        Computed once per version of the folder."""
+        overview = self.overview()
+        value_key = value_key if value_key in ("best_metric", "latest_metric") else "latest_metric"
+        cache_key = (overview.version, value_key)
+        with self.importance_lock:
+            if cache_key not in self._importance:
+                self._importance = {cache_key: self._compute_importance(overview, value_key)}
+            return self._importance[cache_key]
+
+    def _compute_importance(self, overview: Overview, value_key: str) -> dict[str, Any]:
+        used = [
+            t
+            for t in overview.trials
+            if t["status"] == TERMINATED and t["metric_name"] == overview.metric and isinstance(t.get(value_key), (int, float))
+        ]
+        result: dict[str, Any] = {
+            "available": False,
+            "value": value_key,
+            "metric": overview.metric,
+            "num_trials": len(used),
+            "left_out": len(overview.trials) - len(used),
+            "importances": [],
+            "message": None,
+        }
+        varied = [k for k in overview.swept_keys if len({repr(t.get(k)) for t in used}) > 1]
+        if importlib.util.find_spec("optuna") is None:
+            result["message"] = (
+                'Hyperparameter importance is computed by Optuna, which is not installed: pip install "fedray[optuna]" '
+                "(or pip install optuna), then restart fedray dashboard."
+            )
+        elif len(used) < 2 or not varied:
+            result["message"] = (
+                f"Hyperparameter importance needs at least two finished trials of {overview.metric} that differ in a swept key "
+                f"({len(used)} finished so far)."
+            )
+        else:
+            spec = self.cache.read(self.root / SWEEP_FILE, read_yaml_mapping, []) or {}
+            space = spec.get("space") if isinstance(spec.get("space"), dict) else {}
+            result["importances"] = param_importances(used, overview.swept_keys, overview.categorical_keys, space, value_key)
+            result["available"] = True
+        return json_safe(result)
+
     def run_view(self, trial_id: str, client_round: int | None = None) -> dict[str, Any]:
         """One run's page: its round curves (every numeric metric, downsampled), the per-client
         distribution of each client metric at ``client_round`` (default: the last round with client
@@ -942,6 +1111,7 @@ class DashboardData:
             "run_dir": None,
             "curves": {},
             "clients": None,
+            "client_summary": {},
             "config": None,
             "files": {},
             "summary": None,
@@ -956,7 +1126,7 @@ class DashboardData:
             )
         else:
             view["run_dir"] = str(run_dir.relative_to(self.root)) or "."
-            metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics_frame, messages)
+            metrics = self.cache.read(run_metrics_path(run_dir), read_run_metrics, messages)
             view["config"] = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_text, messages)
             view["summary"] = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             files = {name: self.run_file(trial_id, name) for name in RUN_FILES}
@@ -964,12 +1134,11 @@ class DashboardData:
                 name: file_stamp(path)[0] for name, path in files.items() if path is not None and file_stamp(path)
             }  # mtime: busts the browser cache
 
-        if metrics is not None and "round" in metrics.columns:
-            scope = metrics["scope"] if "scope" in metrics.columns else pd.Series("round", index=metrics.index)
-            round_rows, client_rows = metrics[scope == "round"], metrics[scope == "client"]
+        if metrics is not None and "round" in metrics.rounds.columns:
+            round_rows = metrics.rounds
         else:
             with self.lock:
-                round_rows, client_rows = self._rounds[self._rounds["trial_id"] == trial_id], pd.DataFrame(columns=["round"])
+                round_rows = self._rounds[self._rounds["trial_id"] == trial_id]
         round_rows = round_rows.sort_values("round")
         for column in numeric_columns(round_rows):
             x, y = downsample(
@@ -977,7 +1146,11 @@ class DashboardData:
             )
             if len(x):
                 view["curves"][column] = {"round": x, "value": y}
-        view["clients"] = client_distribution(client_rows, client_round)
+        if metrics is not None and metrics.client_rounds:
+            chosen = client_round if client_round in metrics.client_rounds else metrics.client_rounds[-1]
+            at_round = self.cache.read(run_metrics_path(run_dir), read_round_clients, messages, variant=chosen)
+            view["clients"] = clients_at_round(at_round, metrics.client_rounds, chosen)
+            view["client_summary"] = downsampled_summary(metrics, self.max_curve_points)
         view["metric"], view["mode"] = overview.metric, overview.mode
         view["messages"] = [asdict(m) for m in messages]
         return json_safe(view)
@@ -1010,19 +1183,50 @@ def as_new_run_config(config_text: str) -> str:
 
 def client_distribution(client_rows: pd.DataFrame, client_round: int | None) -> dict[str, Any] | None:
     """Per-client values of each numeric client metric at one round (the last one by default), or None
-    when the run has no per-client rows."""
+    when the run has no per-client rows (see :func:`clients_at_round`)."""
     if client_rows.empty:
         return None
     rounds = sorted(int(r) for r in client_rows["round"].unique())
     chosen = client_round if client_round in rounds else rounds[-1]
-    at_round = client_rows[client_rows["round"] == chosen]
-    client_ids = at_round["client_id"].tolist() if "client_id" in at_round.columns else list(range(len(at_round)))
+    return clients_at_round(client_rows[client_rows["round"] == chosen], rounds, chosen)
+
+
+def clients_at_round(at_round: pd.DataFrame | None, rounds: list[int], chosen: int, max_clients: int = MAX_CLIENT_POINTS) -> dict[str, Any]:
+    """The page's per-client values of each numeric client metric at round ``chosen`` (``at_round``:
+    its client rows; ``rounds``: the rounds that have some). A round of more than ``max_clients``
+    clients is shown by ``max_clients`` of them, evenly spaced in client order (``shown_clients``),
+    so that a response stays small however many clients the run has."""
+    at_round = pd.DataFrame(columns=["round"]) if at_round is None else at_round
+    shown = at_round
+    if len(at_round) > max_clients:
+        ordered = at_round.sort_values("client_id", kind="stable") if "client_id" in at_round.columns else at_round
+        shown = ordered.iloc[np.unique(np.linspace(0, len(ordered) - 1, max_clients).round().astype(int))]
+    client_ids = shown["client_id"].tolist() if "client_id" in shown.columns else list(range(len(shown)))
     values = {  # aligned with client_ids; None where a client did not report the metric
-        column: pd.to_numeric(at_round[column], errors="coerce").tolist()
-        for column in numeric_columns(client_rows)
-        if at_round[column].notna().any()
+        column: pd.to_numeric(shown[column], errors="coerce").tolist() for column in numeric_columns(shown) if shown[column].notna().any()
     }
-    return json_safe({"rounds": rounds, "round": chosen, "num_clients": int(len(at_round)), "client_ids": client_ids, "metrics": values})
+    return json_safe(
+        {
+            "rounds": rounds,
+            "round": chosen,
+            "num_clients": int(len(at_round)),
+            "shown_clients": int(len(shown)),
+            "client_ids": client_ids,
+            "metrics": values,
+        }
+    )
+
+
+def downsampled_summary(metrics: RunMetrics, max_points: int) -> dict[str, Any]:
+    """The per-round client summaries of :class:`~fedray.dashboard.run_metrics.RunMetrics` for the
+    page: ``{metric: {"round": [...], "count": [...], "mean": [...], "min": [...], ...}}``, at most
+    ``max_points`` rounds (evenly spaced, the first and last kept)."""
+    rounds = np.asarray(metrics.client_rounds)
+    keep = np.unique(np.linspace(0, len(rounds) - 1, min(len(rounds), max_points)).round().astype(int)) if len(rounds) else rounds
+    return {
+        name: {"round": rounds[keep], **{key: values[keep] for key, values in statistics.items()}}
+        for name, statistics in metrics.client_summary.items()
+    }
 
 
 def scalar_or_text(value: Any) -> Any:

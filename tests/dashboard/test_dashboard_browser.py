@@ -127,29 +127,6 @@ def trials_by_alpha(sweep: Path) -> dict[float, str]:
     return {row["data.alpha"]: row["trial_id"] for row in pq.read_table(sweep / "trials.parquet").to_pylist()}
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page; any uncaught JavaScript error fails the test."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
-
-
 def open_dashboard(page, server: DashboardServer) -> None:
     page.goto(server.url)
     page.wait_for_function("document.body.dataset.version !== undefined")
@@ -293,6 +270,29 @@ def test_clicking_a_trial_shows_its_run(page, real_sweep):
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+def test_real_sweep_has_importance_history_and_a_timeline_of_what_its_trials_held(page, real_sweep):
+    """On the folder ``fedray tune`` wrote: fANOVA importance of α and μ (Optuna), both trials in the optimisation
+    history, and one timeline bar per trial with the CPUs of its placement group (``placement.json``)."""
+    pytest.importorskip("optuna", reason="needs optuna (pip install -e '.[test]')")
+    trials = pq.read_table(real_sweep / "trials.parquet").to_pylist()
+    bundles = [json.loads((real_sweep / t["run_dir"] / "placement.json").read_text())["bundles"] for t in trials]
+    with serve(real_sweep) as server:
+        open_dashboard(page, server)
+        wait_count(page, "#importance-plot .bars .point", len(SPACE))
+        keys = page.evaluate("document.getElementById('importance-plot').data[0].y")
+        assert sorted(k.split(" ")[0] for k in keys) == sorted(SPACE)
+        page.wait_for_function("document.querySelectorAll('#history-plot .scatterlayer .point').length === 2")
+        timeline = page.evaluate("document.getElementById('timeline-plot').data.map((t) => ({name: t.name, y: t.y}))")
+        assert sorted(timeline[0]["y"]) == sorted(t["trial_id"] for t in trials) and timeline[0]["name"] == "finished"
+        held = next(t["y"] for t in timeline if t["name"] == "CPUs held")
+        assert max(held) >= max(sum(b["CPU"] for b in trial_bundles) for trial_bundles in bundles)
+        assert held[-1] == 0  # both trials ended and released what they held
+        screenshot(page, "dashboard_real_sweep_views.png")
+
+
+@needs_browser
+@pytest.mark.slow
+@pytest.mark.ray
 def test_single_run_directory_opens_its_run_view(page, real_sweep):
     trial_id = trials_by_alpha(real_sweep)[0.1]
     with serve(real_sweep / "trials" / trial_id) as server:
@@ -403,7 +403,7 @@ def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
         page.wait_for_selector("#groups-section", state="hidden")
         page.click("[data-select='all']")
         wait_count(page, "#curves-plot .scatterlayer .trace", 12)
-        names = [t["name"] for t in plot_data(page, "curves-plot")]
+        names = page.evaluate("document.getElementById('curves-plot').data.map((t) => t.meta)")  # full names (legends cut long ones)
         assert "★ fedsc α=0.5 seed=0 lr=0.007" in names and "★ hetero_ssfl α=0.5 seed=1 lr=0.012 [probe_accuracy]" in names
         assert not any("train_0" in name for name in names)
         screenshot(page, "dashboard_compare_trials.png")

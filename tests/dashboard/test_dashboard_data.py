@@ -320,7 +320,14 @@ def test_client_distribution_defaults_to_the_last_round():
         {"round": [1, 1, 2, 2, 2], "client_id": [0, 1, 0, 1, 2], "train_loss": [1.0, 2.0, 0.5, None, 0.7], "test_loss": [None] * 5}
     )
     latest = client_distribution(rows, None)
-    assert latest == {"rounds": [1, 2], "round": 2, "num_clients": 3, "client_ids": [0, 1, 2], "metrics": {"train_loss": [0.5, None, 0.7]}}
+    assert latest == {
+        "rounds": [1, 2],
+        "round": 2,
+        "num_clients": 3,
+        "shown_clients": 3,
+        "client_ids": [0, 1, 2],
+        "metrics": {"train_loss": [0.5, None, 0.7]},
+    }
     assert client_distribution(rows, 1)["metrics"] == {"train_loss": [1.0, 2.0]}
     assert client_distribution(rows, 7)["round"] == 2  # a round without client rows: the latest
     assert client_distribution(rows.iloc[:0], None) is None
@@ -501,6 +508,9 @@ def test_single_run_directory_is_one_trial(tmp_path):
             "error": None,
             "metric_name": "test_accuracy",
             "evaluation": "global",
+            "started_at": (run / "config.yaml").stat().st_mtime_ns / 1e9,  # when it wrote its config
+            "ended_at": (run / "summary.json").stat().st_mtime_ns / 1e9,  # and its summary
+            "resources": None,  # no placement.json: not a sweep trial
             "label": "fedavg-digits-1",
         }
     ]

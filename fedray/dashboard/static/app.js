@@ -23,6 +23,19 @@ const FAILED = new Set(["ERROR", "INTERRUPTED", "STALLED"]);
 const NOT_APPLICABLE = "n/a";  // a swept key that does not apply to a trial (another algorithm's hyperparameter)
 // how trial labels name the keys (the same symbols as the server's labels)
 const SYMBOLS = { "algorithm.tau": "τ", "algorithm.num_neighbors": "M", "algorithm.beta": "β", "algorithm.mu": "μ", "data.alpha": "α" };
+const PLOT_CONFIG = { displaylogo: false, responsive: true };
+// small plots keep only the modebar buttons they need, so that it stays clear of their titles
+const SMALL_PLOT_CONFIG = { ...PLOT_CONFIG, modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "pan2d"] };
+const MODEBAR_ROOM = 36;   // px above a plot area: Plotly's modebar is drawn there, above the legend and the titles
+const LEGEND_CHARS = 48;   // longer trial names are cut in legends (the full name shows on hover)
+const FINISHED = new Set(["TERMINATED", "STOPPED_EARLY"]);  // trials with a value that counts (early stopping by the scheduler included)
+const STATUS_GROUPS = [    // the timeline's colours and legend
+  { name: "finished", statuses: ["TERMINATED"], color: "#2e7d32" },
+  { name: "early-stopped", statuses: ["STOPPED_EARLY"], color: "#8d6e63" },
+  { name: "running", statuses: ["RUNNING", "PENDING"], color: "#1565c0" },
+  { name: "stopped by its user", statuses: ["STOPPED"], color: "#78909c" },
+  { name: "failed", statuses: ["ERROR", "INTERRUPTED", "STALLED"], color: "#c62828" },
+];
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
 const state = {
@@ -39,6 +52,11 @@ const state = {
   busy: false,
   lastCurvesKey: null,
   groupBy: null,             // swept keys the curves and the comparison table group by (null: not chosen yet)
+  filter: { text: "", terms: [], problems: [] },  // the trials table's filter (parseFilter)
+  brushed: null,             // trial ids inside the parallel coordinates' brushed ranges (null: no brush)
+  importanceKey: null,       // what the importance plot shows, to refetch only when it changes
+  brushRanges: {},           // parallel-coordinates axis label → its brushed range(s), kept across updates
+  brushTrials: [],           // trial ids in the order of the parallel coordinates' values
 };
 
 const $ = (id) => document.getElementById(id);
@@ -103,7 +121,7 @@ function isNum(v) { return typeof v === "number" && Number.isFinite(v); }
 
 function topTrials(overview, n) {
   const s = sign(overview);
-  return overview.trials
+  return visibleTrials(overview)
     .filter((t) => isNum(t.best_metric))
     // the sweep's own quantity first: a linear probe's accuracy is not ranked against supervised ones
     .sort((a, b) => (a.metric_name !== overview.metric) - (b.metric_name !== overview.metric) || s * (b.best_metric - a.best_metric))
@@ -185,6 +203,7 @@ function renderTable(ov) {
   const existing = new Map([...body.rows].map((tr) => [tr.dataset.trialId, tr]));
   const ordered = sortedTrials(ov);
   const wanted = new Set(ordered.map((t) => t.trial_id));
+  const shown = new Set(visibleTrials(ov).map((t) => t.trial_id));
   existing.forEach((tr, id) => { if (!wanted.has(id)) tr.remove(); });
   ordered.forEach((trial, index) => {
     let tr = existing.get(trial.trial_id);
@@ -205,12 +224,18 @@ function renderTable(ov) {
     tr.classList.toggle("failed", FAILED.has(trial.status));
     tr.title = trial.label;
     tr.classList.toggle("open", trial.trial_id === state.runTrial);
+    tr.hidden = !shown.has(trial.trial_id);
     const box = tr.querySelector("input[type=checkbox]");
     box.checked = state.selected.has(trial.trial_id);
     if (body.rows[index] !== tr) body.insertBefore(tr, body.rows[index] || null);
   });
   $("trials-count").textContent = ov.trials.length ? `(${ov.trials.length})` : "";
   $("trials-empty").hidden = ov.trials.length > 0;
+  const filtered = state.filter.terms.length > 0 || state.brushed !== null;
+  const status = [filtered ? `${shown.size} of ${ov.trials.length} shown` : ""];
+  if (state.brushed !== null) status.push("brushed on the parallel coordinates (click an axis outside its range to clear it)");
+  status.push(...state.filter.problems);
+  $("filter-status").textContent = status.filter(Boolean).join(" · ");
 }
 
 function newRow(trial, cols) {
@@ -253,6 +278,90 @@ function sortBy(key) {
   if (state.sort.key === key) state.sort.dir = -state.sort.dir;
   else state.sort = { key, dir: key === "trial_id" || key === "status" ? 1 : -1 };
   renderTable(state.overview);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Filtering (the table's filter box, the parallel coordinates' brushed ranges) and CSV export
+
+const FILTER_TERM = /^(.+?)(>=|<=|!=|=|<|>)(.*)$/;
+
+function filterNames(ov) {
+  // the names a filter term may give a column (lower case): its key, its header, a swept key's symbol or last part
+  const names = new Map();
+  const add = (name, key) => { if (name && !names.has(name.toLowerCase())) names.set(name.toLowerCase(), key); };
+  columns(ov).filter((c) => !c.key.startsWith("_")).forEach((c) => { add(c.key, c.key); add(c.label, c.key); });
+  ov.swept_keys.forEach((k) => { add(SYMBOLS[k], k); add(k.split(".").pop(), k); });
+  [["latest", "latest_metric"], ["best", "best_metric"], ["wall", "wall_time_s"], ["name", "label"], [ov.metric, "latest_metric"]].forEach(([n, k]) => add(n, k));
+  return names;
+}
+
+function parseFilter(text, ov) {
+  // terms that must all hold: KEY OP VALUE (OP: = != < <= > >=), or text found in a trial's id, status or name
+  const names = filterNames(ov);
+  const terms = [], problems = [];
+  text.trim().split(/\s+/).filter(Boolean).forEach((term) => {
+    const match = FILTER_TERM.exec(term);
+    if (!match) { terms.push({ text: term.toLowerCase() }); return; }
+    const key = names.get(match[1].toLowerCase());
+    if (key === undefined) problems.push(`no column "${match[1]}" (ignored)`);
+    else terms.push({ key, op: match[2], value: match[3] });
+  });
+  return { text, terms, problems };
+}
+
+function termHolds(trial, term) {
+  if (term.text !== undefined) return `${trial.trial_id} ${trial.status} ${trial.label}`.toLowerCase().includes(term.text);
+  const value = trial[term.key];
+  if (value === null || value === undefined) {  // a key that does not apply to the trial: only "=n/a" (or "=") matches it
+    const none = ["", "n/a", "–"].includes(term.value.toLowerCase());
+    return term.op === "=" ? none : term.op === "!=" ? !none : false;
+  }
+  const number = term.value.trim() === "" ? NaN : Number(term.value);
+  let order;
+  if (isNum(value) && Number.isFinite(number)) order = value === number || fmt(value) === term.value ? 0 : value - number;
+  else order = String(fmt(value)).localeCompare(term.value, undefined, { numeric: true, sensitivity: "base" });
+  return { "=": order === 0, "!=": order !== 0, "<": order < 0, "<=": order <= 0, ">": order > 0, ">=": order >= 0 }[term.op];
+}
+
+function visibleTrials(ov) {
+  return ov.trials.filter((t) => state.filter.terms.every((term) => termHolds(t, term)) && (state.brushed === null || state.brushed.has(t.trial_id)));
+}
+
+function applyFilter() {
+  const ov = state.overview;
+  if (!ov) return;
+  renderTable(ov);
+  if (state.autoSelect) updateSelection(ov);
+  renderCurves(true).catch(showError);
+}
+
+function csvCell(value) {
+  if (value === null || value === undefined) return "";
+  const text = typeof value === "object" ? Object.entries(value).map(([k, v]) => `${k}=${v}`).join(" ") : String(value);
+  return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+}
+
+function trialsCsv(ov) {
+  // the trials shown (filtered, in the table's order), with every column and the unrounded values
+  const keys = ["trial_id", "label", "status", ...ov.swept_keys, "metric_name", "evaluation", "round", "latest_metric", "best_metric",
+    "best_round", "wall_time_s", "started_at", "ended_at", "resources", "run_dir", "error"];
+  const shown = new Set(visibleTrials(ov).map((t) => t.trial_id));
+  const iso = (seconds) => (isNum(seconds) ? new Date(seconds * 1000).toISOString() : null);
+  const rows = sortedTrials(ov).filter((t) => shown.has(t.trial_id))
+    .map((t) => keys.map((k) => csvCell(k === "started_at" || k === "ended_at" ? iso(t[k]) : t[k])).join(","));
+  return `${[keys.map(csvCell).join(","), ...rows].join("\n")}\n`;
+}
+
+function exportCsv() {
+  const ov = state.overview;
+  if (!ov) return;
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([trialsCsv(ov)], { type: "text/csv" }));
+  link.download = `${ov.title || "trials"}-trials.csv`;
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
 }
 
 function updateSelection(ov) {
@@ -333,7 +442,7 @@ async function renderCurves(force = false) {
   $("groups-section").hidden = true;
   const empty = $("curves-empty");
   if (!ids.length) {
-    Plotly.purge("curves-plot");
+    purgePlot($("curves-plot"));
     empty.textContent = ov.trials.length ? "No trial selected (tick a box in the table)." : "No trials yet.";
     empty.hidden = false;
     return;
@@ -342,12 +451,16 @@ async function renderCurves(force = false) {
   ids.forEach((id) => params.append("trial", id));
   const data = await getJSON(`/api/curves?${params}`);
   const byId = new Map(ov.trials.map((t) => [t.trial_id, t]));
-  const traces = ids.filter((id) => data.curves[id]).map((id) => {
-    const name = traceName(byId.get(id), ov, data.metric);
+  const drawn = ids.filter((id) => data.curves[id]);
+  const fullNames = drawn.map((id) => traceName(byId.get(id), ov, data.metric));
+  const legendNames = shortNames(fullNames);
+  const traces = drawn.map((id, index) => {
+    const name = fullNames[index];
     return {
       type: "scatter",
       mode: data.curves[id].round.length <= 60 ? "lines+markers" : "lines",
-      name,
+      name: legendNames[index],
+      meta: name,
       x: data.curves[id].round,
       y: data.curves[id].value,
       line: { width: id === ov.best_trial ? 3 : 1.5 },
@@ -360,15 +473,48 @@ async function renderCurves(force = false) {
   drawCurves(traces, data.metric, "trials");
 }
 
+function shortNames(names) {
+  // legend names: a name longer than LEGEND_CHARS is cut, keeping its end too where the cut would make two equal
+  const cut = names.map((n) => (n.length <= LEGEND_CHARS ? n : `${n.slice(0, LEGEND_CHARS - 1)}…`));
+  const tail = LEGEND_CHARS - 20;
+  return cut.map((n, i) => (cut.indexOf(n) === cut.lastIndexOf(n) ? n : `${names[i].slice(0, 19)}…${names[i].slice(-tail)}`));
+}
+
+function legendTooltips(div) {
+  // each legend entry's full name (the trace's meta) as an SVG <title>: the browser shows it on hover
+  div.querySelectorAll(".legend .traces").forEach((item) => {
+    const datum = item.__data__ && item.__data__[0];
+    const full = datum && datum.trace && datum.trace.meta;
+    let title = item.querySelector(":scope > title");
+    if (typeof full !== "string") { if (title) title.remove(); return; }
+    if (!title) {
+      title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+      item.prepend(title);
+    }
+    title.textContent = full;
+  });
+}
+
+async function drawPlot(div, traces, layout, config = PLOT_CONFIG) {
+  // Plotly.react, then the legend's tooltips (again after every redraw, e.g. on a resize)
+  const element = typeof div === "string" ? $(div) : div;
+  await Plotly.react(element, traces, layout, config);
+  if (!element.dataset.tooltips) {
+    element.dataset.tooltips = "1";
+    element.on("plotly_afterplot", () => legendTooltips(element));
+  }
+  legendTooltips(element);
+}
+
 function drawCurves(traces, metric, mode) {
-  Plotly.react("curves-plot", traces, {
-    margin: { l: 55, r: 10, t: 10, b: 40 },
+  drawPlot("curves-plot", traces, {
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 40 },
     xaxis: roundAxis(traces),
     yaxis: { title: { text: metric }, tickformat: ".3~g" },
     legend: { font: { size: 11 } },
     showlegend: true,
     uirevision: `${metric}/${mode}`,  // keep the user's zoom across live updates
-  }, { displaylogo: false, responsive: true });
+  }).catch(showError);
 }
 
 function rgba(hex, alpha) {
@@ -382,9 +528,13 @@ async function renderGroups(ov, groupBy) {
   groupBy.forEach((k) => params.append("by", k));
   const data = await getJSON(`/api/groups?${params}`);
   const traces = [];
+  const drawn = data.groups.filter((group) => group.curve.round.length);
+  const fullNames = drawn.map((group) => `${group.best_group ? "★ " : ""}${group.label} (n=${group.trial_ids.length})`);
+  const legendNames = shortNames(fullNames);
   data.groups.forEach((group, index) => {
     const curve = group.curve;
     if (!curve.round.length) return;
+    const drawnIndex = drawn.indexOf(group);
     const color = PALETTE[index % PALETTE.length];
     const upper = curve.mean.map((m, i) => m + curve.std[i]);
     const lower = curve.mean.map((m, i) => m - curve.std[i]);
@@ -392,7 +542,7 @@ async function renderGroups(ov, groupBy) {
     traces.push({ type: "scatter", mode: "lines", x: curve.round, y: lower, line: { width: 0, color }, hoverinfo: "skip", showlegend: false, legendgroup });
     traces.push({ type: "scatter", mode: "lines", x: curve.round, y: upper, line: { width: 0, color }, fill: "tonexty", fillcolor: rgba(color, 0.18), hoverinfo: "skip", showlegend: false, legendgroup });
     traces.push({
-      type: "scatter", mode: curve.round.length <= 60 ? "lines+markers" : "lines", x: curve.round, y: curve.mean, name: `${group.best_group ? "★ " : ""}${group.label} (n=${group.trial_ids.length})`,
+      type: "scatter", mode: curve.round.length <= 60 ? "lines+markers" : "lines", x: curve.round, y: curve.mean, name: legendNames[drawnIndex], meta: fullNames[drawnIndex],
       line: { color, width: group.best_group ? 3 : 2 }, marker: { size: 4 }, legendgroup, customdata: curve.std.map((sd, i) => [sd, curve.n[i]]),
       hovertemplate: `${group.label}<br>round %{x}<br>${data.curve_metric} %{y:.4g} ± %{customdata[0]:.2g} (n=%{customdata[1]})<extra></extra>`,
     });
@@ -480,6 +630,14 @@ function axisFor(key, values, categorical) {
   return { numeric: false, label, categories, map: (v) => (index.has(v) ? index.get(v) : categories.length - 1), text };
 }
 
+function brushedIds(dims) {
+  // the trials (state.brushTrials, in the order of the axes' values) inside every brushed range, or null when nothing is brushed
+  const ranged = dims.filter((d) => d.constraintrange && d.constraintrange.length);
+  if (!ranged.length) return null;
+  const inside = (v, range) => (Array.isArray(range[0]) ? range : [range]).some(([low, high]) => v >= low && v <= high);
+  return new Set(state.brushTrials.filter((_, i) => ranged.every((d) => inside(d.values[i], d.constraintrange))));
+}
+
 function renderParams(ov) {
   const valueKey = $("value-kind").value;
   const label = `${valueKey === "best_metric" ? "best" : "final"} ${ov.metric}`;
@@ -487,7 +645,9 @@ function renderParams(ov) {
   const empty = $("params-empty");
   const scatters = $("scatter-plots");
   if (!ov.swept_keys.length || !trials.length) {
-    Plotly.purge("parcoords-plot");
+    purgePlot($("parcoords-plot"));
+    state.brushRanges = {};
+    if (state.brushed !== null) { state.brushed = null; applyFilter(); }
     $("parcoords-plot").hidden = true;
     scatters.replaceChildren();
     empty.textContent = !ov.swept_keys.length ? "No swept hyperparameters here (a single run, or runs with identical configs)." : `No trial has reported ${ov.metric} yet.`;
@@ -505,11 +665,25 @@ function renderParams(ov) {
   });
   const metricValues = trials.map((t) => t[valueKey]);
   dims.push({ label, values: metricValues, tickformat: ".3~g" });
+  dims.forEach((dim) => { if (state.brushRanges[dim.label]) dim.constraintrange = state.brushRanges[dim.label]; });  // kept across updates
+  state.brushTrials = trials.map((t) => t.trial_id);
+  const brushed = brushedIds(dims);
+  if (JSON.stringify(brushed && [...brushed]) !== JSON.stringify(state.brushed && [...state.brushed])) { state.brushed = brushed; applyFilter(); }
   Plotly.react("parcoords-plot", [{
     type: "parcoords",
     dimensions: dims,
     line: { color: metricValues, colorscale: "Viridis", reversescale: ov.mode === "min" },  // bright = good
-  }], { margin: { l: 60, r: 60, t: 40, b: 20 } }, { displaylogo: false, responsive: true });
+  }], { margin: { l: 60, r: 60, t: MODEBAR_ROOM + 44, b: 20 } }, PLOT_CONFIG);  // the axis titles sit below the modebar
+  const parcoords = $("parcoords-plot");
+  if (!parcoords.dataset.brushing) {  // dragging along an axis selects a range: the table and curves keep the trials inside every range
+    parcoords.dataset.brushing = "1";
+    parcoords.on("plotly_restyle", () => {
+      state.brushRanges = {};
+      parcoords.data[0].dimensions.forEach((d) => { if (d.constraintrange && d.constraintrange.length) state.brushRanges[d.label] = d.constraintrange; });
+      state.brushed = brushedIds(parcoords.data[0].dimensions);
+      applyFilter();
+    });
+  }
 
   // one small scatter per swept key: value vs metric, the best trial highlighted. All divs exist
   // before the first is drawn, so each plot is sized for its final grid cell.
@@ -540,7 +714,7 @@ function renderParams(ov) {
         : { title: { text: axis.label }, type: "category", categoryorder: "array", categoryarray: axis.categories },
       yaxis: { title: { text: label }, tickformat: ".3~g" },
       uirevision: key,
-    }, { displaylogo: false, responsive: true });
+    }, SMALL_PLOT_CONFIG);
   });
 }
 
@@ -585,6 +759,167 @@ async function copyText(element, status) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Hyperparameter importance, optimisation history and the timeline of trials
+
+function valueLabel(ov) { return `${$("value-kind").value === "best_metric" ? "best" : "final"} ${ov.metric}`; }
+
+function purgePlot(div) {
+  // Plotly.purge drops the plot's event handlers: forget that they were added, so the next draw adds them again
+  Plotly.purge(div);
+  ["tooltips", "clicks", "brushing"].forEach((flag) => { delete div.dataset[flag]; });
+}
+
+function showPlot(id, shown, emptyText) {
+  // the plot, or (when there is nothing to draw) its placeholder saying why
+  $(`${id}-plot`).hidden = !shown;
+  if (!shown) purgePlot($(`${id}-plot`));
+  $(`${id}-empty`).hidden = shown;
+  if (!shown) $(`${id}-empty`).textContent = emptyText;
+}
+
+async function renderImportance(ov) {
+  const valueKey = $("value-kind").value;
+  const key = JSON.stringify([ov.version, valueKey]);
+  if (key === state.importanceKey) return;
+  state.importanceKey = key;
+  const note = $("importance-note");
+  if (!ov.swept_keys.length) { note.textContent = ""; showPlot("importance", false, "No swept hyperparameters here."); return; }
+  note.textContent = "computing…";
+  let data;
+  try {
+    data = await getJSON(`/api/importance?${new URLSearchParams({ value: valueKey })}`);
+  } catch (error) {
+    if (key === state.importanceKey) state.importanceKey = null;  // asked again at the next refresh
+    throw error;
+  }
+  if (key !== state.importanceKey) return;  // the folder or the value menu changed meanwhile
+  if (!data.available) { note.textContent = ""; showPlot("importance", false, data.message); return; }
+  note.textContent = `fANOVA (Optuna's FanovaImportanceEvaluator): the share of the ${valueLabel(ov)}'s variance that each key explains ` +
+    `on its own, over ${data.num_trials} finished trials` +
+    `${data.left_out ? `; ${data.left_out} left out (running, failed, early-stopped or measuring another quantity)` : ""}.` +
+    `${data.num_trials < 10 ? " With fewer than 10 trials it is a rough guide." : ""}`;
+  showPlot("importance", true);
+  const rows = [...data.importances].reverse();  // Plotly draws the first bar at the bottom
+  const div = $("importance-plot");
+  div.style.height = `${Math.max(180, 90 + 34 * rows.length)}px`;
+  await drawPlot(div, [{
+    type: "bar", orientation: "h", x: rows.map((r) => r.importance), y: rows.map((r) => keyName(r.key)),
+    text: rows.map((r) => `${(100 * r.importance).toFixed(1)}%`), textposition: "outside", cliponaxis: false,
+    marker: { color: "#2f6fdb" }, hovertemplate: "%{y}: %{x:.1%} of the variance<extra></extra>",
+  }], {
+    margin: { l: 10, r: 50, t: MODEBAR_ROOM, b: 45 }, xaxis: { title: { text: "importance (fANOVA)" }, tickformat: ".0%", range: [0, 1.05] },
+    yaxis: { automargin: true }, showlegend: false,
+  }, SMALL_PLOT_CONFIG);
+}
+
+function renderHistory(ov) {
+  // each finished trial's value in the order the trials ended, and the best so far (Optuna's optimisation history)
+  const valueKey = $("value-kind").value;
+  const done = ov.trials.filter((t) => FINISHED.has(t.status) && t.metric_name === ov.metric && isNum(t[valueKey]));
+  const dated = done.length > 0 && done.every((t) => isNum(t.ended_at));
+  const ordered = dated ? [...done].sort((a, b) => a.ended_at - b.ended_at) : done;  // else trials.parquet's order: as trials were created
+  if (!ordered.length) { $("history-note").textContent = ""; showPlot("history", false, `No trial has finished with ${ov.metric} yet.`); return; }
+  $("history-note").textContent = `${valueLabel(ov)} of each finished trial ${dated ? "in the order the trials ended" : "in the order trials.parquet lists them (no run directories here to date them)"}` +
+    ` and the best so far (${ov.mode === "min" ? "lowest" : "highest"}); click a point for its run.`;
+  showPlot("history", true);
+  const s = sign(ov);
+  let best = null;
+  const bestSoFar = ordered.map((t) => (best = best === null || s * t[valueKey] > s * best ? t[valueKey] : best));
+  const x = ordered.map((_, i) => i + 1);
+  const point = (statuses, name, color, symbol) => {
+    const members = ordered.map((t, i) => [t, i]).filter(([t]) => statuses.includes(t.status));
+    return {
+      type: "scatter", mode: "markers", name, x: members.map(([, i]) => x[i]), y: members.map(([t]) => t[valueKey]),
+      customdata: members.map(([t]) => t.trial_id), text: members.map(([t]) => t.label), marker: { color, size: 8, symbol },
+      hovertemplate: `%{text} (%{customdata})<br>trial %{x} to finish<br>${valueLabel(ov)} %{y:.4g}<extra></extra>`,
+    };
+  };
+  const traces = [  // the line first, so the points are drawn over it
+    { type: "scatter", mode: "lines", name: "best so far", x, y: bestSoFar, line: { shape: "hv", color: "#e0a100", width: 2.5 }, hoverinfo: "skip" },
+    point(["TERMINATED"], "finished trial", "#2f6fdb", "circle"),
+    point(["STOPPED_EARLY"], "early-stopped trial", "#8d6e63", "diamond"),
+  ].filter((t) => t.x.length);
+  const div = $("history-plot");
+  drawPlot(div, traces, {
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 45 },
+    xaxis: { title: { text: dated ? "trials, in the order they ended" : "trials, in table order" }, ...(x.length <= 12 ? { dtick: 1 } : {}) },
+    yaxis: { title: { text: valueLabel(ov) }, tickformat: ".3~g" },
+    legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom" },  // above the plot, left: clear of the modebar
+    uirevision: "history",
+  }, SMALL_PLOT_CONFIG).then(() => {
+    if (div.dataset.clicks) return;
+    div.dataset.clicks = "1";
+    div.on("plotly_click", (event) => { const id = event.points[0] && event.points[0].customdata; if (id) openRun(id); });
+  }).catch(showError);
+}
+
+function localTime(seconds) {
+  // a time as Plotly's date axes read it (they know no time zones): the browser's local time, to the millisecond
+  const d = new Date(seconds * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}.${String(d.getMilliseconds()).padStart(3, "0")}`;
+}
+
+function resourcesText(resources) {
+  return resources ? Object.entries(resources).map(([name, amount]) => `${fmt(amount)} ${name}`).join(", ") : "resources not recorded";
+}
+
+function heldOverTime(trials, name, now) {
+  // a step curve of how much of resource `name` the trials held: +amount at each start, -amount at each end;
+  // trials still running hold theirs up to now
+  const holders = trials.filter((t) => t.resources && t.resources[name]);
+  const events = holders.flatMap((t) => [[t.started_at, t.resources[name]], ...(isNum(t.ended_at) ? [[t.ended_at, -t.resources[name]]] : [])])
+    .sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  let held = 0;
+  const x = [], y = [];
+  events.forEach(([time, change]) => { held += change; x.push(localTime(time)); y.push(Math.max(0, held)); });
+  if (holders.some((t) => !isNum(t.ended_at))) { x.push(localTime(now)); y.push(Math.max(0, held)); }
+  return { x, y };
+}
+
+function renderTimeline(ov) {
+  const dated = ov.trials.filter((t) => isNum(t.started_at)).sort((a, b) => a.started_at - b.started_at || a.trial_id.localeCompare(b.trial_id));
+  if (!dated.length) {
+    $("timeline-note").textContent = "";
+    showPlot("timeline", false, ov.trials.length ? "No run directory here records when its trial started (e.g. a sweep copied without trials/)." : "No trials yet.");
+    return;
+  }
+  showPlot("timeline", true);
+  const now = Date.now() / 1000;
+  const end = (t) => (isNum(t.ended_at) ? t.ended_at : Math.max(now, t.started_at));
+  const traces = STATUS_GROUPS.map((group) => {
+    const members = dated.filter((t) => group.statuses.includes(t.status));
+    return {
+      type: "bar", orientation: "h", name: group.name, y: members.map((t) => t.trial_id), base: members.map((t) => localTime(t.started_at)),
+      x: members.map((t) => 1000 * (end(t) - t.started_at)), marker: { color: group.color }, yaxis: "y",
+      customdata: members.map((t) => [t.label, t.status, fmtSeconds(end(t) - t.started_at), resourcesText(t.resources), localTime(t.started_at).slice(11, 19)]),
+      hovertemplate: "%{y}: %{customdata[0]}<br>%{customdata[1]} · started %{customdata[4]} · %{customdata[2]}<br>%{customdata[3]}<extra></extra>",
+    };
+  }).filter((t) => t.y.length);
+  const resourceNames = ["CPU", "GPU"].filter((name) => dated.some((t) => t.resources && t.resources[name]));
+  resourceNames.forEach((name, index) => {
+    const curve = heldOverTime(dated, name, now);
+    traces.push({ type: "scatter", mode: "lines", name: `${name}s held`, x: curve.x, y: curve.y, yaxis: "y2", line: { shape: "hv", color: ["#455a64", "#6a1b9a"][index] } });
+  });
+  const barsHeight = 40 + 24 * dated.length;
+  const resourcesHeight = resourceNames.length ? 150 : 0;
+  const div = $("timeline-plot");
+  div.style.height = `${Math.min(1200, barsHeight + resourcesHeight + MODEBAR_ROOM + 60)}px`;
+  const split = resourcesHeight / (barsHeight + resourcesHeight);
+  $("timeline-note").textContent = "Each bar runs from a trial's start (its run directory's config.yaml) to its end (summary.json, or its last file for one that failed or was stopped); " +
+    `running trials reach now.${resourceNames.length ? " Below: the resources the trials held (their placement groups, placement.json)." : ""}`;
+  drawPlot(div, traces, {
+    margin: { l: 10, r: 10, t: MODEBAR_ROOM, b: 40 }, barmode: "overlay", bargap: 0.3,
+    xaxis: { type: "date", anchor: resourceNames.length ? "y2" : "y", title: { text: "wall time" } },
+    yaxis: { type: "category", categoryorder: "array", categoryarray: dated.map((t) => t.trial_id), autorange: "reversed", automargin: true,
+      domain: [resourceNames.length ? split + 0.06 : 0, 1] },
+    ...(resourceNames.length ? { yaxis2: { domain: [0, split], title: { text: "held" }, rangemode: "tozero", anchor: "x" } } : {}),
+    legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom" },
+    uirevision: "timeline",
+  }, PLOT_CONFIG).catch(showError);
+}
+
+// ---------------------------------------------------------------------------------------------
 // One run: curves, per-client distribution, partition heat-map, config
 
 function openRun(trialId) {
@@ -601,11 +936,12 @@ function curvePlot(divId, curves, names, title) {
     type: "scatter", mode: curves[n].round.length <= 60 ? "lines+markers" : "lines", name: n,
     x: curves[n].round, y: curves[n].value, marker: { size: 4 },
   }));
+  // the title on the left of the modebar's row, the legend under the plot: neither lies under the modebar
   Plotly.react(divId, traces, {
-    margin: { l: 55, r: 10, t: 30, b: 40 }, title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left" },
-    xaxis: roundAxis(traces), showlegend: true, legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 80 }, title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+    xaxis: roundAxis(traces), showlegend: true, legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" },
     uirevision: title,
-  }, { displaylogo: false, responsive: true });
+  }, SMALL_PLOT_CONFIG);
 }
 
 async function renderRun() {
@@ -633,6 +969,11 @@ async function renderRun() {
   const loss = names.filter((n) => /loss/.test(n));
   curvePlot("run-accuracy-plot", view.curves, accuracy.length ? accuracy : names.slice(0, 1), "accuracy");
   curvePlot("run-loss-plot", view.curves, loss, "loss");
+  // privacy.mechanism: the ε spent so far (docs/guide/privacy.md); shown before drawing, so the plot gets its width
+  const privacy = $("run-privacy-plot");
+  privacy.hidden = !view.curves.dp_epsilon;
+  if (view.curves.dp_epsilon) curvePlot("run-privacy-plot", view.curves, ["dp_epsilon"], "privacy spent: ε at the run's δ");
+  else Plotly.purge(privacy);
 
   renderClients(view.clients);
 
@@ -683,9 +1024,10 @@ function renderClients(clients) {
       text: clients.client_ids.map((id) => `client ${id}`), hovertemplate: `%{text}<br>${name} %{x:.4g}<extra></extra>`,
       marker: { color: "#2f6fdb", size: 5, opacity: 0.7 }, line: { color: "#1f2933" }, fillcolor: "rgba(47,111,219,0.12)",
     }], {
-      margin: { l: 20, r: 10, t: 30, b: 40 }, title: { text: `${name} per client, round ${clients.round}`, font: { size: 13 } },
-      xaxis: { title: { text: name } }, yaxis: { showticklabels: false }, showlegend: false,
-    }, { displaylogo: false, responsive: true });
+      margin: { l: 20, r: 10, t: MODEBAR_ROOM, b: 40 },
+      title: { text: `${name}, round ${clients.round}`, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+      xaxis: { title: { text: `${name} per client` } }, yaxis: { showticklabels: false }, showlegend: false,
+    }, SMALL_PLOT_CONFIG);
   });
 }
 
@@ -706,12 +1048,16 @@ async function refresh() {
   if (state.runTrial !== null && !ov.trials.some((t) => t.trial_id === state.runTrial)) state.runTrial = null;
   renderHeader(ov);
   renderMessages($("messages"), ov.messages);
+  state.filter = parseFilter(state.filter.text, ov);  // the columns a filter names may have changed
   updateSelection(ov);
   renderTable(ov);
   renderMetricMenu(ov);
   renderGroupControl(ov);
   renderParams(ov);
   renderBest(ov);
+  renderHistory(ov);
+  renderTimeline(ov);
+  renderImportance(ov).catch(showError);  // not awaited: the first fit (importing Optuna) takes seconds
   await renderCurves();
   await renderRun();
   state.version = ov.version;  // only once drawn: a failed update is retried at the next poll
@@ -741,12 +1087,23 @@ function init() {
     if (!ov) return;
     const how = button.dataset.select;
     state.autoSelect = how === "top";
-    state.selected = new Set(how === "all" ? ov.trials.map((t) => t.trial_id) : how === "top" ? topTrials(ov, TOP_N) : []);
+    state.selected = new Set(how === "all" ? visibleTrials(ov).map((t) => t.trial_id) : how === "top" ? topTrials(ov, TOP_N) : []);
     renderTable(ov);
     renderCurves(true).catch(showError);
   }));
   $("curve-metric").addEventListener("change", (e) => { state.curveMetric = e.target.value; renderCurves(true).catch(showError); });
-  $("value-kind").addEventListener("change", () => state.overview && renderParams(state.overview));
+  $("value-kind").addEventListener("change", () => {
+    if (!state.overview) return;
+    renderParams(state.overview);
+    renderHistory(state.overview);
+    renderImportance(state.overview).catch(showError);
+  });
+  $("trials-filter").addEventListener("input", (e) => {
+    if (!state.overview) return;
+    state.filter = parseFilter(e.target.value, state.overview);
+    applyFilter();
+  });
+  $("export-csv").addEventListener("click", exportCsv);
   $("copy-config").addEventListener("click", () => copyText($("best-config"), $("copy-status")));
   $("copy-markdown").addEventListener("click", () => copyText($("groups-markdown"), $("markdown-status")));
   $("client-round").addEventListener("input", (e) => {
