@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +26,7 @@ from fedray.systems.devices import Devices, build_devices
 from fedray.systems.draws import uniform
 from fedray.systems.selection import plan_round
 from fedray.testing import Federation
+from test_bad_inputs import assert_rejected, run_fedray
 
 REPO = Path(__file__).resolve().parents[2]
 ON = "systems.enabled=true"
@@ -258,16 +256,5 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("case", "args", "prepare", "expected"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
 def test_bad_systems_input_is_one_line_and_exit_2(tmp_path, case, args, prepare, expected):
     prepare(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "fedray.cli.main", "run", "--set", ON, "--set", "resources.num_workers=1", *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[0] == "fedray: invalid config:" and len(lines) == 2, lines
-    assert expected in lines[1]
+    assert_rejected(run_fedray(["run", "--set", ON, "--set", "resources.num_workers=1", *args], tmp_path), expected)
     assert not (tmp_path / "runs").exists()

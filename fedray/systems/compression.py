@@ -1,0 +1,205 @@
+"""Upload compression (``systems.compression``; docs/guide/systems.md, "Compression").
+
+A client compresses its model-weight update Δ_k = w_k − w (against the broadcast weights w, in
+float32 as a device holds it) into the tensors it sends; the server decodes them, and what it decodes
+is what it aggregates. :func:`~fedray.systems.clock.payload_bytes` of the encoded tensors is what
+the client's ``bytes_up`` counts. ``systems.compression.method``:
+
+- ``fp16``: Δ in half precision (2 bytes an entry).
+- ``int8``: unbiased stochastic quantisation (QSGD: Alistarh et al., "QSGD: Communication-Efficient
+  SGD via Gradient Quantization and Encoding", NeurIPS 2017, §3.1: Q_s with s = 127 levels and
+  bucketing, each bucket of ``bucket_size`` entries scaled by its largest magnitude m = ‖v‖_∞ instead
+  of ‖v‖₂, so that fewer entries round to zero): entry v_i of a bucket becomes
+  sign(v_i) · m/s · ℓ_i, where ℓ_i = ⌊s·|v_i|/m⌋ + 1 with probability s·|v_i|/m − ⌊s·|v_i|/m⌋ and
+  ⌊s·|v_i|/m⌋ otherwise, so E[Q(v)] = v (the paper's Lemma 3.1, whose proof holds for any scale
+  m ≥ max |v_i|). 1 byte an entry plus a float32 scale a bucket; the random draws are seeded by
+  (seed, round, client id).
+- ``topk``: the k = ⌈``topk_fraction`` · d⌉ entries of largest magnitude (Aji & Heafield 2017;
+  Stich et al. 2018), sent as float32 values and int32 indices (8 bytes an entry kept).
+
+Error feedback (``error_feedback: true``; Stich, Cordonnier & Jaggi, "Sparsified SGD with Memory",
+NeurIPS 2018, Algorithm 1; Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+Compression Schemes", ICML 2019, Algorithm 2, EF-SGD): a client compresses p_k = Δ_k + e_k instead
+of Δ_k and keeps e_k ← p_k − decode(C(p_k)), what the server did not receive, for its next upload.
+The residual e_k is client state: it is stored with the algorithm's own client state
+(:data:`RESIDUAL_KEY`, :func:`join_client_state`), versioned and checkpointed like it, so a client
+that drops or is late keeps the residual of its last upload that arrived, and a resumed run
+continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedray.algorithms.uploads import MODEL_WEIGHTS
+from fedray.config import ConfigError, RunConfig
+from fedray.config.schema import CompressionConfig
+from fedray.seeding import derive_seed
+from fedray.systems.clock import payload_bytes
+from fedray.systems.draws import COMPRESSION_STREAM
+
+if TYPE_CHECKING:
+    from fedray.algorithms.base import Algorithm
+
+#: The key of a client's error-feedback residual in its stored client state (never shown to the algorithm).
+RESIDUAL_KEY = "fedray.compression_residual"
+INT8_LEVELS = 127  # s of QSGD: ℓ ∈ {-127, ..., 127}
+
+
+class Compressor:
+    """Encodes a float32 vector into the tensors a client sends (:meth:`encode`) and decodes them as
+    the server does (:meth:`decode`)."""
+
+    def encode(self, vector: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def decode(self, message: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class HalfPrecision(Compressor):
+    """``fp16``: the vector in IEEE half precision."""
+
+    def encode(self, vector: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"values": vector.to(torch.float16)}
+
+    def decode(self, message: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
+        return message["values"].to(torch.float32)
+
+
+@dataclass(frozen=True)
+class StochasticInt8(Compressor):
+    """``int8``: QSGD's Q_s with s = :data:`INT8_LEVELS` and a ‖·‖_∞ scale per bucket (module docstring)."""
+
+    bucket_size: int
+
+    def _buckets(self, vector: torch.Tensor) -> torch.Tensor:
+        padding = -vector.numel() % self.bucket_size
+        return torch.nn.functional.pad(vector, (0, padding)).view(-1, self.bucket_size)
+
+    def encode(self, vector: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        buckets = self._buckets(vector)
+        scales = buckets.abs().amax(dim=1)
+        levels_per_unit = torch.where(scales > 0, INT8_LEVELS / scales, torch.zeros_like(scales))
+        magnitude = buckets.abs() * levels_per_unit[:, None]  # s·|v_i|/m, in [0, s]
+        uniform = torch.rand(magnitude.shape, generator=generator, dtype=magnitude.dtype).to(magnitude.device)
+        levels = torch.floor(magnitude + uniform).clamp_(max=INT8_LEVELS)  # the clamp only catches float rounding above s
+        signed = (levels * torch.sign(buckets)).view(-1)[: vector.numel()]
+        return {"values": signed.to(torch.int8), "scales": scales.to(torch.float32)}
+
+    def decode(self, message: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
+        levels = self._buckets(message["values"].to(torch.float32))
+        return (levels * (message["scales"] / INT8_LEVELS)[:, None]).view(-1)[:numel]
+
+
+@dataclass(frozen=True)
+class TopK(Compressor):
+    """``topk``: the ⌈fraction · d⌉ entries of largest magnitude, with their indices."""
+
+    fraction: float
+
+    def kept(self, numel: int) -> int:
+        return max(1, math.ceil(self.fraction * numel))
+
+    def encode(self, vector: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        indices = torch.topk(vector.abs(), self.kept(vector.numel()), sorted=False).indices
+        index_dtype = torch.int32 if vector.numel() <= torch.iinfo(torch.int32).max else torch.int64
+        return {"values": vector[indices], "indices": indices.to(index_dtype)}
+
+    def decode(self, message: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
+        values = message["values"]
+        return torch.zeros(numel, dtype=values.dtype, device=values.device).scatter_(0, message["indices"].long(), values)
+
+
+def build_compressor(config: CompressionConfig) -> Compressor:
+    """The compressor ``systems.compression.method`` names (not ``none``)."""
+    if config.method == "fp16":
+        return HalfPrecision()
+    if config.method == "int8":
+        return StochasticInt8(config.bucket_size)
+    if config.method == "topk":
+        return TopK(config.topk_fraction)
+    raise ValueError(f"no compressor for systems.compression.method={config.method!r}")
+
+
+@dataclass(frozen=True)
+class CompressedUpdate:
+    """One client's compressed update: what the server decodes (float32), the client's new
+    error-feedback residual (None without error feedback) and the bytes of the encoded tensors."""
+
+    received: torch.Tensor
+    residual: torch.Tensor | None
+    wire_bytes: int
+
+
+class UploadCompression:
+    """The compression step of a run's upload path (:mod:`fedray.runtime.upload_path`)."""
+
+    def __init__(self, config: CompressionConfig, seed: int) -> None:
+        self.compressor = build_compressor(config)
+        self.error_feedback = config.error_feedback
+        self.seed = seed
+
+    @classmethod
+    def for_run(cls, config: RunConfig) -> "UploadCompression | None":
+        compression = config.systems.compression
+        return cls(compression, config.seed) if compression_enabled(config) else None
+
+    def compress(self, round: int, client_id: int, delta: torch.Tensor, residual: torch.Tensor | None) -> CompressedUpdate:
+        """Client ``client_id``'s ``delta`` (Δ_k) as the server receives it in ``round``; ``residual``
+        is its e_k (None: it has none yet, or error feedback is off)."""
+        vector = delta.to(torch.float32)
+        if self.error_feedback and residual is not None:
+            vector = vector + residual.to(vector.device)
+        if not bool(torch.isfinite(vector).all()):  # sent as it is: the server excludes it, and its state is not stored
+            return CompressedUpdate(vector, residual, payload_bytes(vector))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, COMPRESSION_STREAM, round, client_id))
+        message = self.compressor.encode(vector, generator)
+        received = self.compressor.decode(message, vector.numel())
+        return CompressedUpdate(received, vector - received if self.error_feedback else None, payload_bytes(message))
+
+
+def compression_enabled(config: RunConfig) -> bool:
+    return config.systems.enabled and config.systems.compression.method != "none"
+
+
+def keeps_client_state(config: RunConfig, algorithm: type[Algorithm]) -> bool:
+    """Whether a run's clients store state: the algorithm's own, or an error-feedback residual."""
+    return algorithm.keeps_client_state or (compression_enabled(config) and config.systems.compression.error_feedback)
+
+
+def split_client_state(state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor] | None, torch.Tensor | None]:
+    """A client's stored state as (the algorithm's own state, or None if it has none; its residual,
+    or None). ``state`` itself is not changed (it may be the store's cached copy)."""
+    if state is None or RESIDUAL_KEY not in state:
+        return state, None
+    own = {key: value for key, value in state.items() if key != RESIDUAL_KEY}
+    return own or None, state[RESIDUAL_KEY]
+
+
+def join_client_state(state: dict[str, torch.Tensor] | None, residual: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+    """The client state to store: the algorithm's ``state`` with ``residual`` under :data:`RESIDUAL_KEY`."""
+    if residual is None:
+        return state
+    return {**(state or {}), RESIDUAL_KEY: residual}
+
+
+def check_compression(config: RunConfig, algorithm: Algorithm) -> None:
+    """Refuse compression for an algorithm that uploads no model weights (before Ray starts)."""
+    if not compression_enabled(config):
+        return
+    cls = type(algorithm)
+    if MODEL_WEIGHTS in cls.uploads:
+        return
+    name = cls.name or cls.__name__
+    uploads = ", ".join(sorted(upload.kind for upload in cls.uploads))
+    what = f"uploads {uploads}, no model weights" if uploads else "does not declare what it uploads (Algorithm.uploads)"
+    raise ConfigError(
+        "systems.compression.method",
+        f"{config.systems.compression.method} compresses model-weight updates, but {name} {what}; "
+        "use an algorithm that uploads model weights (fedavg, fedprox, scaffold, moon, ...)",
+    )
