@@ -6,7 +6,10 @@ Symbols (DP-FedAvg, McMahan et al., ICLR 2018, Alg. 1) → keys: C (clipping bou
 ``privacy.clip``, z (noise multiplier; the noise on the sum has std z·C) → ``privacy.noise_multiplier``,
 (ε, δ) → ``privacy.target_epsilon`` / ``privacy.delta``, q (sampling probability) →
 ``train.clients_per_round / data.num_clients`` (or ``privacy.noise_cohort_size /
-privacy.population_size``). Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
+privacy.population_size``). Adaptive clipping (Andrew et al., NeurIPS 2021, "Differentially Private
+Learning with Adaptive Clipping", Alg. 1): γ (target quantile) → ``privacy.target_quantile``, η_C
+(clip learning rate) → ``privacy.clip_lr``, σ_b (noise on the count of unclipped updates) →
+``privacy.clipped_count_stddev``, C⁰ → ``privacy.clip``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
 trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``.
 """
 
@@ -37,7 +40,10 @@ class PrivacyConfig(_Section):
         "local: clip and add Gaussian noise on each client before it uploads",
     )
     clip: float = Field(
-        1.0, gt=0, allow_inf_nan=True, description="L2 bound C of each client's update of each upload kind (.inf: no clipping)"
+        1.0,
+        gt=0,
+        allow_inf_nan=True,
+        description="L2 bound C of each client's update of each upload kind (.inf: no clipping); C⁰ under clipping: adaptive",
     )
     noise_multiplier: float | None = Field(
         None, ge=0, description="z: the Gaussian noise has std z·C (None: calibrated from target_epsilon and train.rounds)"
@@ -60,6 +66,21 @@ class PrivacyConfig(_Section):
         description="calibrate the noise as if this many clients were sampled per round (pfl's noise_cohort_size): the "
         "sum's noise std is z·C·clients_per_round/noise_cohort_size and q = noise_cohort_size/population",
     )
+    clipping: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="fixed: every round clips to privacy.clip; adaptive (central DP only): the bound starts at privacy.clip "
+        "and follows the target_quantile of the clients' update norms (Andrew et al., NeurIPS 2021)",
+    )
+    target_quantile: float = Field(
+        0.5, gt=0, lt=1, description="adaptive clipping: γ, the share of updates the bound should leave unclipped"
+    )
+    clip_lr: float = Field(0.2, gt=0, description="adaptive clipping: η_C of the geometric update C ← C·exp(−η_C·(b̃ − γ))")
+    clipped_count_stddev: float | None = Field(
+        None,
+        gt=0,
+        description="adaptive clipping: σ_b, the std of the noise on the count of unclipped updates of a cohort of "
+        "noise_cohort_size clients (None: noise_cohort_size/20, the paper's choice); must exceed z/2",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -77,6 +98,10 @@ class PrivacyConfig(_Section):
             raise ValueError("privacy.accountant=pld supports privacy.sampling=poisson only; use privacy.accountant=rdp for fixed_size")
         if self.noise_multiplier is not None and self.noise_multiplier > 0 and math.isinf(self.clip):
             raise ValueError("privacy.clip must be finite when privacy.noise_multiplier > 0 (the noise std is z·C)")
+        if self.clipping == "adaptive" and self.mechanism != "central":
+            raise ValueError("privacy.clipping=adaptive needs privacy.mechanism=central (the noised count of clipped updates is central)")
+        if self.clipping == "adaptive" and math.isinf(self.clip):
+            raise ValueError("privacy.clip must be finite with privacy.clipping=adaptive (it is the initial bound C⁰)")
         return self
 
 
@@ -112,6 +137,22 @@ def noise_cohort_size(config: RunConfig) -> int:
     return config.privacy.noise_cohort_size or config.train.clients_per_round
 
 
+def clipped_count_stddev(config: RunConfig) -> float:
+    """σ_b of adaptive clipping: ``privacy.clipped_count_stddev`` or noise_cohort_size/20 (the choice of Andrew et al. 2021 in their experiments)."""
+    return config.privacy.clipped_count_stddev or noise_cohort_size(config) / 20
+
+
+def adaptive_noise_problem(noise_multiplier: float, count_stddev: float) -> str | None:
+    """Why z and σ_b cannot go together under adaptive clipping, or None: the update's own noise
+    multiplier z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al. 2021, Thm. 1) exists only for z < 2σ_b."""
+    if noise_multiplier < 2 * count_stddev:
+        return None
+    return (
+        f"privacy.clipped_count_stddev: σ_b = {count_stddev:g} must be > z/2 = {noise_multiplier / 2:g} under privacy.clipping=adaptive "
+        "(the count's noise spends part of the privacy budget: z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2)); raise it, or privacy.noise_cohort_size"
+    )
+
+
 def default_delta(population: int) -> float:
     """δ = 1/N^1.1 when ``privacy.delta`` is not given: below 1/N, as (ε, δ)-DP needs to mean anything."""
     return population**-1.1
@@ -136,6 +177,10 @@ def check_privacy_and_robust(config: RunConfig) -> None:
                 f"privacy.delta ({privacy.delta:g}) is >= 1/population (1/{population}): such a δ allows releasing a client's "
                 "data outright; lower it or set privacy.allow_large_delta=true"
             )
+        if privacy.clipping == "adaptive" and privacy.noise_multiplier is not None:
+            problem = adaptive_noise_problem(privacy.noise_multiplier, clipped_count_stddev(config))
+            if problem is not None:
+                raise ValueError(problem)
         if privacy.mechanism == "central" and robust.rule != "none":
             raise ValueError(
                 f"robust.rule={robust.rule} needs each client's update, and privacy.mechanism=central noises only their sum; "

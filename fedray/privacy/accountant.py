@@ -16,6 +16,11 @@ cohort, q = M / N (M = ``privacy.noise_cohort_size`` or ``train.clients_per_roun
 - ``fixed_size``: ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``: the draw fedray
   makes, whose neighbours replace one client, so the clipped sum moves by up to 2C.
 
+Adaptive clipping (``privacy.clipping: adaptive``) releases a noised count of unclipped updates
+besides the sum; with the update's multiplier z_Δ of :func:`fedray.privacy.mechanisms.update_noise_multiplier`
+the two together are one Gaussian mechanism of multiplier z (Andrew et al., NeurIPS 2021, Thm. 1),
+so the round is still the event above with z.
+
 Every upload kind of a client passes the same clipping and noise, so the round is one release of
 everything a client reveals. Local DP: each participation of a client is ``GaussianDpEvent(z / 2)``
 (its clipped delta can be replaced by any other of norm ≤ C) without amplification by sampling,

@@ -1,6 +1,10 @@
 """Per-client L2 clipping of an update (McMahan et al., ICLR 2018, Alg. 1, ``ClipFn`` with flat
 clipping): ``Δ · min(1, C / ‖Δ‖₂)``, C = ``privacy.clip``. It bounds one client's contribution to
-the round's sum by C, the sensitivity the Gaussian noise is calibrated to."""
+the round's sum by C, the sensitivity the Gaussian noise is calibrated to.
+
+With ``privacy.clipping: adaptive`` C moves each round towards the ``privacy.target_quantile`` of
+the clients' update norms (Andrew et al., NeurIPS 2021, "Differentially Private Learning with
+Adaptive Clipping", Alg. 1): :func:`next_adaptive_clip`."""
 
 from __future__ import annotations
 
@@ -16,3 +20,11 @@ def clip_to_norm(delta: torch.Tensor, clip: float) -> tuple[torch.Tensor, float]
     if math.isinf(clip) or norm <= clip:
         return delta, norm
     return delta * (clip / norm), norm
+
+
+def next_adaptive_clip(clip: float, unclipped_fraction: float, target_quantile: float, clip_lr: float) -> float:
+    """The geometric update of Andrew et al. 2021 (Alg. 1): C ← C · exp(−η_C · (b̃ − γ)), where b̃ is the
+    noised share of the round's updates with ‖Δ_k‖ ≤ C (``unclipped_fraction``), γ =
+    ``privacy.target_quantile`` and η_C = ``privacy.clip_lr``. Its fixed point in expectation is the
+    γ-quantile of the update norms."""
+    return clip * math.exp(-clip_lr * (unclipped_fraction - target_quantile))

@@ -6,7 +6,11 @@
   uniform client weights w_k = 1, so W·q = m): Δ̃ = (Σ_k clip(Δ_k) + N(0, σ²)) / m. With
   ``privacy.noise_cohort_size`` M the std is scaled by m/M (pfl-research's practice), so the mean
   carries the noise std z·C/M of a cohort of M clients;
-- local: each client adds N(0, (z·C)²·I) to its own clipped delta before it uploads.
+- local: each client adds N(0, (z·C)²·I) to its own clipped delta before it uploads;
+- adaptive clipping (Andrew et al., NeurIPS 2021, Alg. 1): the server also adds N(0, σ_b²) to the
+  count of unclipped updates (scaled by m/M as above), and the update's noise multiplier becomes
+  z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so that the two releases together cost what one Gaussian mechanism
+  of multiplier z does (their Thm. 1): the accountant keeps accounting for z.
 
 The noise is float64 on the CPU and seeded from (seed, round) or (seed, round, client id), never from
 the worker that ran a client, so a resumed run draws the same noise (docs/architecture.md, principle 7).
@@ -21,6 +25,7 @@ from fedray.seeding import derive_seed
 # Streams of derive_seed; distinct from fedray.seeding's cohort (1) and client (2) streams.
 CENTRAL_NOISE_STREAM = 4401
 LOCAL_NOISE_STREAM = 4402
+CLIPPED_COUNT_STREAM = 4403
 
 
 def gaussian_noise(like: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
@@ -45,3 +50,19 @@ def central_noise_std(noise_multiplier: float, clip: float, cohort: int, noise_c
     if noise_multiplier == 0:
         return 0.0
     return noise_multiplier * clip * cohort / noise_cohort
+
+
+def clipped_count_noise(seed: int, round: int, std: float) -> float:
+    """Adaptive clipping: the server's noise N(0, std²) on the count of unclipped updates of ``round``."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, CLIPPED_COUNT_STREAM, round))
+    return float(gaussian_noise(torch.empty(()), std, generator))
+
+
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2): the update's noise multiplier under adaptive clipping whose release,
+    together with the count of unclipped updates noised with σ_b (sensitivity ½ once centred), is a
+    Gaussian mechanism of multiplier z (Andrew et al., NeurIPS 2021, Thm. 1). Needs z < 2σ_b
+    (:func:`fedray.config.privacy.adaptive_noise_problem`); 0 for z = 0."""
+    if noise_multiplier == 0:
+        return 0.0
+    return (noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5

@@ -1,4 +1,4 @@
-"""A progress bar over rounds (round, accuracy, loss, seconds), with the run's health warnings
+"""A progress bar over rounds (round, accuracy, loss, seconds, the privacy ε spent), with the run's health warnings
 (:mod:`fedray.tracking.health`) written above it."""
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class ProgressBar(Callback):
             postfix["acc"] = f"{row['test_accuracy']:.4f}"
         if "personal_accuracy" in row:
             postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
+        if "dp_epsilon" in row:  # privacy.mechanism: the ε spent so far (docs/guide/privacy.md)
+            postfix["ε"] = f"{row['dp_epsilon']:.3g}"
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 

@@ -126,12 +126,7 @@ def test_off_by_default_and_explicitly_off_are_the_same_run(tmp_path):
 def test_resume_from_a_checkpoint_is_bit_identical(tmp_path):
     overrides = ["privacy.mechanism=local", "privacy.clip=0.5", "privacy.noise_multiplier=0.3", "robust.rule=median"]
     straight = Federation(tmp_path / "straight", overrides).run(3)
-    first = Federation(tmp_path / "first", overrides).run(2)
-    checkpoint = first.engine.checkpoint_state()
-    resumed = Federation(tmp_path / "resumed", overrides)
-    resumed.engine.load_checkpoint_state(checkpoint)
-    resumed.rows.extend(first.rows)
-    resumed.run(1)
+    resumed = Federation(tmp_path / "first", overrides).run(2).resumed(tmp_path / "resumed").run(1)
     assert resumed.rows == straight.rows
     assert torch.equal(resumed.state["weights"], straight.state["weights"])
     assert int(resumed.engine.upload_path.participations.sum()) == 9
@@ -145,10 +140,8 @@ def test_central_accounting_resumes_and_the_budget_stops_the_run(tmp_path):
         for round in range(1, 5):
             epsilons.append(federation.run_round(round)["dp_epsilon"])
     assert len(epsilons) == 2 and epsilons[-1] == pytest.approx(1.9128, abs=1e-4)
-    resumed = Federation(tmp_path / "resumed", overrides)
-    resumed.engine.load_checkpoint_state(federation.engine.checkpoint_state())
     with pytest.raises(PrivacyBudgetExhausted):
-        resumed.run_round(len(epsilons) + 1)
+        federation.resumed(tmp_path / "resumed").run_round(len(epsilons) + 1)
 
 
 # ----------------------------------------------------------------------------- what can be made private
