@@ -14,13 +14,24 @@ the driver. End to end = from the call to its return, the data's preparation (an
 included, for fedray and for the plain loop alike; the plain loop and the local backend run
 ``--repeats`` times, alternating, and their median run is reported.
 
+``--service`` compares instead, each side a fresh process timed from its spawn to its exit (the
+clocks of benchmarks/startup.py), alternating, medians of ``--repeats``: the plain loop; ``fedray
+run`` of W1 on Ray (``--service-workers`` workers) with the service of ``fedray up`` running, which
+it joins; and the same ``fedray run`` starting its own Ray, as without a service. The service is
+started once before (not timed) and stopped after; each side starts when none of its workers is
+still booting, so the service refilling its warm workers after a run slows no other side.
+Target (issue 46): the service's end to end <= 1.2x the plain loop's.
+
     python benchmarks/w1_overhead.py            # prints the table; --json FILE to save it
+    python benchmarks/w1_overhead.py --service  # fedray run with `fedray up` against the plain loop
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,11 +173,71 @@ def median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda run: run["end_to_end_s"])[(len(runs) - 1) // 2]
 
 
+def wait_until_service_idle(service_dir: Path, timeout: float = 300) -> None:
+    """Until none of the service's Ray workers is booting (the service refills its warm workers
+    after each run; their imports would slow whatever runs next)."""
+    from fedray.runtime.service import STATE_FILE, ServiceState, worker_processes
+
+    state = ServiceState.read(service_dir / STATE_FILE)
+    deadline = time.monotonic() + timeout
+    while worker_processes(state.head_pid)["booting"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def compare_with_service(repeats: int, workers: int) -> dict:
+    """End to end of the plain loop, of ``fedray run`` with the service up and of ``fedray run``
+    starting its own Ray, each a fresh process (see the module's docstring)."""
+    from startup import run_fedray_once, run_plain_once
+
+    from fedray.runtime.service import SERVICE_DIR_VARIABLE
+
+    overrides = W1 + ["resources.backend=ray", f"resources.num_workers={workers}"]
+    runs: dict[str, list[dict]] = {"plain": [], "service": [], "own_ray": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        service_dir, no_service_dir = Path(scratch) / "service", Path(scratch) / "no-service"
+        cli = [sys.executable, "-m", "fedray.cli.main"]
+        env = {**os.environ, SERVICE_DIR_VARIABLE: str(service_dir), "RAY_ADDRESS": ""}
+        subprocess.run([*cli, "up", "--detach", "--results", scratch], env=env, check=True, stdout=subprocess.DEVNULL)
+        try:
+            for _ in range(repeats):  # alternating, so that a slower spell of the machine hits every side
+                for side, directory in (("plain", service_dir), ("service", service_dir), ("own_ray", no_service_dir)):
+                    wait_until_service_idle(service_dir)
+                    os.environ[SERVICE_DIR_VARIABLE] = str(directory)
+                    with tempfile.TemporaryDirectory() as run_scratch:
+                        runs[side].append(run_plain_once(run_scratch) if side == "plain" else run_fedray_once(run_scratch, overrides))
+        finally:
+            subprocess.run([*cli, "down"], env=env, check=True, stdout=subprocess.DEVNULL)
+    if {run["final_accuracy"] for run in runs["service"] + runs["own_ray"]} != {runs["service"][0]["final_accuracy"]}:
+        print("note: the runs with and without the service disagree; they should be bit-identical")
+    figures = {
+        f"{side}_{name}_s": float(np.median([run[name] for run in results]))
+        for side, results in runs.items()
+        for name in ("first_round", "end_to_end")
+    }
+    figures["service_ray_startup_s"] = float(np.median([run["ray_startup"] for run in runs["service"]]))
+    figures["own_ray_startup_s"] = float(np.median([run["ray_startup"] for run in runs["own_ray"]]))
+    for side in ("service", "own_ray"):
+        figures[f"ratio_{side}_end_to_end_over_plain"] = figures[f"{side}_end_to_end_s"] / figures["plain_end_to_end_s"]
+    return {"figures": figures, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the plain loop and of the local backend, alternating")
+    parser.add_argument("--service", action="store_true", help="compare fedray run with the service of `fedray up` with the plain loop")
+    parser.add_argument("--service-workers", type=int, default=2, metavar="N", help="with --service: the runs' Ray workers (default 2)")
     args = parser.parse_args(argv)
+    if args.service:
+        result = compare_with_service(args.repeats, args.service_workers)
+        width = max(map(len, result["figures"]))
+        for name, value in result["figures"].items():
+            print(f"{name:<{width}}  {value:.4f}")
+        ratio = result["figures"]["ratio_service_end_to_end_over_plain"]
+        print(f"target: ratio_service_end_to_end_over_plain <= 1.2 -> {'met' if ratio <= 1.2 else 'NOT met'}")
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     import ray
 
     with tempfile.TemporaryDirectory() as scratch:

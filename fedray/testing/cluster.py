@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -34,6 +33,16 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from fedray.runtime.processes import (
+    RAY_HEAD_PORT_FLAGS,
+    RAY_NODE_PORT_FLAGS,
+    free_port,
+    process_tree,
+    signal_processes,
+    stop_process_tree,
+    write_private_file,
+)
 
 # Ray settings of every node. A killed node fails its health checks at once (connection refused) and
 # is declared dead after 5 checks 1 s apart (Ray's default period: 3 s); a live node on a busy machine
@@ -44,68 +53,7 @@ NODE_SETTINGS = {
     "RAY_health_check_failure_threshold": "5",
     "RAY_raylet_start_wait_time_s": "120",
 }
-_NODE_PORT_FLAGS = (
-    "--node-manager-port",
-    "--object-manager-port",
-    "--dashboard-agent-listen-port",
-    "--dashboard-agent-grpc-port",
-    "--metrics-export-port",
-    "--runtime-env-agent-port",
-)
-_HEAD_PORT_FLAGS = ("--ray-client-server-port",)
 MAX_TEMP_DIR_LENGTH = 43  # + "/session_2026-01-01_00-00-00_000000_<pid>/sockets/plasma_store" <= 107
-
-
-def write_private_file(path: Path, text: str) -> None:
-    """Create ``path`` readable by its owner only (0600) from the start, so a secret is never
-    world-readable, not even between a create and a chmod; an existing file is replaced."""
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (with the pid, a unique identity); None if gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _descendants(root: int) -> list[tuple[int, int]]:
-    """(pid, start time) of ``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        start = _start_time(pid)
-        if start is not None:
-            found.append((pid, start))
-            stack.extend(children.get(pid, []))
-    return found
-
-
-def _kill(processes: list[tuple[int, int]], sig: int) -> None:
-    for pid, start in processes:
-        if _start_time(pid) == start:  # still the same process, not a reused pid
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 @dataclass
@@ -115,22 +63,12 @@ class LocalNode:
 
     def kill(self) -> None:
         """Lose the node abruptly: SIGKILL its ``ray start`` process and everything below it."""
-        _kill(_descendants(self.process.pid), signal.SIGKILL)
+        signal_processes(process_tree(self.process.pid), signal.SIGKILL)
         self.process.wait(timeout=30)
 
     def stop(self, timeout: float = 30) -> None:
         """Ray's graceful shutdown of the node (SIGTERM), then SIGKILL for whatever is left."""
-        processes = _descendants(self.process.pid)
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_start_time(pid) == start for pid, start in processes):
-            time.sleep(0.2)
-        _kill(processes, signal.SIGKILL)
+        stop_process_tree(process_tree(self.process.pid), timeout)
         if self.process.poll() is None:
             self.process.wait(timeout=10)
 
@@ -201,7 +139,7 @@ class LocalCluster:
                 "--dashboard-port",
                 str(self.dashboard_port),
             ],
-            _HEAD_PORT_FLAGS + _NODE_PORT_FLAGS,
+            RAY_HEAD_PORT_FLAGS + RAY_NODE_PORT_FLAGS,
             num_cpus,
             resources or {},
         )
@@ -214,7 +152,7 @@ class LocalCluster:
         """A worker node; ``wrapper`` is a command that execs the node's ``ray start`` command given as
         its arguments (e.g. ``unshare`` to give the node its own view of a directory)."""
         expected = len(self.alive_nodes()) + 1
-        node = self._start(["--address", f"127.0.0.1:{self.gcs_port}"], _NODE_PORT_FLAGS, num_cpus, resources or {}, wrapper)
+        node = self._start(["--address", f"127.0.0.1:{self.gcs_port}"], RAY_NODE_PORT_FLAGS, num_cpus, resources or {}, wrapper)
         self._wait_for(lambda: len(self.alive_nodes()) == expected, timeout, node)
         return node
 

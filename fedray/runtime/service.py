@@ -1,0 +1,420 @@
+"""The warm local service of ``fedray up`` / ``fedray down`` (docs/guide/running.md, "A warm local
+service").
+
+``fedray up`` starts a Ray head on this machine (``ray start --head --block``) and serves the
+dashboard (:mod:`fedray.dashboard`) over a results folder; ``fedray run``, ``fedray tune`` and
+``fedray submit`` then join that Ray instead of starting one for every command (Ray's start-up is
+most of a short run's wall time, benchmarks/w1_overhead.py ``--service``).
+
+The head is isolated like the clusters of :mod:`fedray.testing.cluster`: free ports for every Ray
+server, its own temp dir (a plain ``ray.init()`` elsewhere never joins it), its own token (token
+authentication, ``RAY_AUTH_MODE=token``; the token file is readable by its owner only), and its
+dashboard and job server on 127.0.0.1. Its workers import the actors' module as they boot
+(:func:`~fedray.runtime.ray_start.worker_system_config`), and the service keeps a few such workers
+booted between runs (:meth:`LocalService.keep_warm`): a run's actors then start in a process that
+has torch and fedray imported already.
+
+What it started is recorded in ``service.json`` in the service directory (``$FEDRAY_SERVICE_DIR``,
+default ``~/.fedray/service``): the pids (with their start times, so a reused pid is never taken
+for them) of the ``fedray up`` process and of the ``ray start`` process every Ray process of the
+head descends from, and the addresses. ``fedray down`` stops exactly those processes, never
+``ray stop`` (which stops every Ray instance of the machine). A state file whose processes are gone
+(a crash, a reboot) is ignored with a one-line note and removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from fedray.config import ConfigError
+from fedray.config.schema import ResourcesConfig
+from fedray.runtime.errors import RunError
+from fedray.runtime.processes import (
+    RAY_HEAD_PORT_FLAGS,
+    RAY_NODE_PORT_FLAGS,
+    free_port,
+    is_running,
+    process_start_time,
+    process_tree,
+    stop_process_tree,
+    wait_gone,
+    write_private_file,
+)
+
+SERVICE_DIR_VARIABLE = "FEDRAY_SERVICE_DIR"
+STATE_FILE = "service.json"
+TOKEN_FILE = "auth_token"
+HEAD_LOG = "ray-head.log"
+DETACHED_LOG = "service.log"  # `fedray up --detach`: the service's own output
+READY_TIMEOUT_S = 180.0  # for the head to come up (a loaded machine takes a minute)
+STOP_TIMEOUT_S = 60.0  # for the service to stop its head after SIGTERM, before its processes are killed
+WARM_KEEP_ALIVE_S = 24 * 3600  # the raylet does not kill a pre-started idle worker before this
+REFILL_PAUSE_S = 5.0  # after asking for warm workers: they are not counted before the raylet has forked them
+_RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # the raylet's children that are not workers
+
+
+def service_dir() -> Path:
+    """Where the service keeps its state file, token and logs: ``$FEDRAY_SERVICE_DIR`` or ``~/.fedray/service``."""
+    return Path(os.environ.get(SERVICE_DIR_VARIABLE) or Path.home() / ".fedray" / "service").expanduser()
+
+
+@dataclass
+class ServiceState:
+    """``service.json``: what ``fedray up`` started, for the commands that use it and ``fedray down``."""
+
+    pid: int  # the `fedray up` process (which serves the dashboard)
+    pid_start: int  # its start time (clock ticks since boot): with the pid, its identity
+    head_pid: int  # `ray start --head --block`: every process of the Ray head descends from it
+    head_start: int
+    ray_address: str  # the GCS, HOST:PORT: what `fedray run --address` would take
+    job_server_url: str  # Ray's dashboard and job server: what `fedray submit --address` would take
+    dashboard_url: str  # fedray's dashboard over results_dir
+    results_dir: str
+    ray_temp_dir: str
+    token_file: str
+    num_cpus: int
+    started: str  # ISO time
+
+    @classmethod
+    def read(cls, path: Path) -> "ServiceState | None":
+        """The state in ``path``; None when the file is missing, unreadable or not fedray's."""
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def write(self, path: Path) -> None:
+        """Write the file whole (0600: it names the token file) and atomically, so a reader never sees half of it."""
+        partial = path.with_suffix(".partial")
+        write_private_file(partial, json.dumps(asdict(self), indent=2))
+        partial.replace(path)
+
+    def is_running(self) -> bool:
+        return is_running(self.pid, self.pid_start) and is_running(self.head_pid, self.head_start)
+
+    def token(self) -> str:
+        return Path(self.token_file).read_text().strip()
+
+
+def running_service(directory: Path | None = None, note: Callable[[str], None] | None = None) -> ServiceState | None:
+    """The service recorded in ``directory`` (default :func:`service_dir`) if its processes still
+    run; a state file left by one that is gone is removed, and ``note`` (default: a line on stderr)
+    says so."""
+    path = (directory or service_dir()) / STATE_FILE
+    if not path.exists():
+        return None
+    state = ServiceState.read(path)
+    if state is not None and state.is_running():
+        return state
+    path.unlink(missing_ok=True)
+    (note or _stderr_line)(f"fedray: the local service recorded in {path} is no longer running; removed its state file")
+    return None
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def connect_environment(state: ServiceState) -> None:
+    """Make this process's Ray client send the service's token: ``RAY_AUTH_MODE=token`` and
+    ``RAY_AUTH_TOKEN`` (which Ray reads before any token file). Ray reads both into its config when
+    it is imported; if it already is, its config and token cache are reloaded, as Ray itself does
+    when it turns token authentication on for a new local instance."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = state.token()
+    if "ray" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _announce(address: str) -> None:
+    _stderr_line(f"fedray: using the local service at {address}  (fedray down stops it)")
+
+
+def service_ray_address(resources: ResourcesConfig | None, on_ray: bool) -> str | None:
+    """For ``fedray run`` / ``fedray tune`` without ``--address``: the GCS address of the running
+    service, after checking that the run fits it, or None (no service, ``$RAY_ADDRESS`` set, or a
+    run that needs no Ray, ``on_ray`` false: ``resources.backend: auto`` keeps one worker in the
+    driver's process, which is faster than any Ray). Says so in one line on stderr."""
+    if not on_ray or os.environ.get("RAY_ADDRESS"):
+        return None
+    state = running_service()
+    if state is None:
+        return None
+    if resources is not None:
+        check_fits_service(resources, state)
+    connect_environment(state)
+    _announce(state.ray_address)
+    return state.ray_address
+
+
+def service_job_server_url() -> str | None:
+    """For ``fedray submit`` / ``fedray jobs`` without ``--address`` (nor ``$RAY_API_SERVER_ADDRESS``
+    / ``$RAY_ADDRESS``): the running service's job server URL, or None."""
+    if any(os.environ.get(name) for name in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")):
+        return None
+    state = running_service()
+    if state is None:
+        return None
+    connect_environment(state)
+    _announce(state.job_server_url)
+    return state.job_server_url
+
+
+def check_fits_service(resources: ResourcesConfig, state: ServiceState) -> None:
+    """Refuse a run the service cannot hold before anything starts (exit 2), as for a local Ray
+    (:func:`~fedray.runtime.ray_start.check_gpu_available`): a placement group larger than the head
+    would wait 120 s and fail."""
+    from fedray.runtime.ray_start import check_gpu_available
+
+    check_gpu_available(resources)
+    if resources.reserved_cpus > state.num_cpus:
+        raise ConfigError(
+            "resources.num_workers",
+            f"{resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
+            f"(+ {resources.server_cpus} for the server) need {resources.reserved_cpus:g} CPUs, but the local service has "
+            f"{state.num_cpus}; lower them, or restart it with `fedray down && fedray up --num-cpus N`",
+        )
+
+
+class LocalService:
+    """The processes of one ``fedray up``: the Ray head and the dashboard (served by this process).
+
+    :meth:`start` brings both up and writes the state file; :meth:`serve` keeps workers warm until
+    interrupted or the head dies; :meth:`stop` stops the head's processes, closes the dashboard and
+    removes the state, token and temp dir.
+    """
+
+    def __init__(self, results_dir: Path, num_cpus: int, warm_workers: int, dashboard_port: int = 0, directory: Path | None = None) -> None:
+        self.directory = directory or service_dir()
+        self.results_dir = results_dir.resolve()
+        self.num_cpus = num_cpus
+        self.warm_workers = warm_workers
+        self.dashboard_port = dashboard_port
+        self.head: subprocess.Popen | None = None
+        self.head_processes: list[tuple[int, int]] = []  # snapshot for stop(), taken when the head is up
+        self.dashboard: Any = None
+        self.state: ServiceState | None = None
+        self.temp_dir: Path | None = None
+        self.node_manager_port = 0
+        self._prestart: Any = None  # the raylet's PrestartWorkers RPC (None: warm workers switched off or unavailable)
+        self._channel: Any = None  # its gRPC channel, closed before the head stops
+        self._next_refill = 0.0  # time.monotonic() before which keep_warm does not look again
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / STATE_FILE
+
+    def start(self) -> ServiceState:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        token_file = self.directory / TOKEN_FILE
+        write_private_file(token_file, os.urandom(32).hex())
+        # not under the service directory: Ray's Unix sockets, <temp dir>/session_<time>_<pid>/sockets/plasma_store,
+        # must stay below 108 bytes
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="fedray-ray-"))
+        gcs_port, job_server_port, self.node_manager_port = free_port(), free_port(), free_port()
+        command = [
+            str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() else "ray",
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(gcs_port),
+            "--temp-dir",
+            str(self.temp_dir),
+            "--num-cpus",
+            str(self.num_cpus),
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(job_server_port),
+            "--system-config",
+            json.dumps(_head_system_config(self.num_cpus, self.warm_workers)),
+        ]
+        for flag in RAY_HEAD_PORT_FLAGS + RAY_NODE_PORT_FLAGS:
+            command += [flag, str(self.node_manager_port if flag == "--node-manager-port" else free_port())]
+        env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+        with open(self.directory / HEAD_LOG, "w") as log:
+            self.head = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        job_server_url = f"http://127.0.0.1:{job_server_port}"
+        self._wait_until_ready(job_server_url, token_file.read_text())
+        self.head_processes = process_tree(self.head.pid)
+        from fedray.dashboard.app import DashboardServer
+
+        self.dashboard = DashboardServer(self.results_dir, port=self.dashboard_port)
+        threading.Thread(target=self.dashboard.serve_forever, name="fedray-dashboard", daemon=True).start()
+        self.state = ServiceState(
+            pid=os.getpid(),
+            pid_start=process_start_time(os.getpid()) or 0,
+            head_pid=self.head.pid,
+            head_start=process_start_time(self.head.pid) or 0,
+            ray_address=f"127.0.0.1:{gcs_port}",
+            job_server_url=job_server_url,
+            dashboard_url=self.dashboard.url,
+            results_dir=str(self.results_dir),
+            ray_temp_dir=str(self.temp_dir),
+            token_file=str(token_file),
+            num_cpus=self.num_cpus,
+            started=datetime.now().astimezone().isoformat(timespec="seconds"),
+        )
+        self.state.write(self.state_path)
+        self._prestart = self._prestart_rpc(token_file.read_text()) if self.warm_workers > 0 else None
+        self.keep_warm()
+        return self.state
+
+    def _wait_until_ready(self, job_server_url: str, token: str) -> None:
+        """Until Ray's job server answers (it comes up after the GCS and the raylet)."""
+        request = urllib.request.Request(f"{job_server_url}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if self.head.poll() is not None or time.monotonic() > deadline:
+                log = (self.directory / HEAD_LOG).read_text()[-3000:]
+                raise RunError(
+                    f"the local service's Ray did not come up within {READY_TIMEOUT_S:g} s; its log ({self.directory / HEAD_LOG}):\n{log}"
+                )
+            time.sleep(0.5)
+
+    def _prestart_rpc(self, token: str) -> Any:
+        """The raylet's ``PrestartWorkers`` call, with the token; None if this Ray lacks it (then
+        runs boot their workers themselves, as on any Ray)."""
+        try:
+            import grpc
+            from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+        except ImportError:
+            return None
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{self.node_manager_port}")
+        stub = node_manager_pb2_grpc.NodeManagerServiceStub(self._channel)
+        metadata = (("authorization", f"Bearer {token.strip()}"),)
+
+        def prestart(count: int) -> None:
+            request = node_manager_pb2.PrestartWorkersRequest(
+                language=common_pb2.Language.PYTHON, num_workers=count, keep_alive_duration_secs=WARM_KEEP_ALIVE_S
+            )
+            stub.PrestartWorkers(request, metadata=metadata, timeout=10)
+
+        return prestart
+
+    def keep_warm(self) -> None:
+        """Keep ``warm_workers`` idle Ray workers booted (with torch and fedray imported) while no
+        run uses the head. Ray ties a worker to the first job that uses it and ends it with that
+        job, so the next run would boot its own; the raylet's ``PrestartWorkers`` call (what Ray's
+        own prestarting uses) boots ones that any job may take. Refilled only when no run is on the
+        head, so booting workers never competes with a run for the cores."""
+        if self._prestart is None or time.monotonic() < self._next_refill:
+            return
+        workers = worker_processes(self.head.pid)
+        booted = workers["booting"] + workers["idle"]
+        if workers["busy"] == 0 and booted < self.warm_workers:
+            try:
+                self._prestart(self.warm_workers - booted)
+            except Exception:  # grpc.RpcError, or a Ray whose raylet lacks the call: runs boot their own workers
+                self._prestart = None
+            self._next_refill = time.monotonic() + REFILL_PAUSE_S  # until the raylet has forked them
+
+    def serve(self, poll_seconds: float = 1.0) -> None:
+        """Keep workers warm until interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM from ``fedray down``)
+        or until the head dies (RunError)."""
+        while True:
+            if self.head.poll() is not None:
+                raise RunError(f"the local service's Ray stopped (exit code {self.head.returncode}); its log: {self.directory / HEAD_LOG}")
+            self.keep_warm()
+            time.sleep(poll_seconds)
+
+    def stop(self) -> int:
+        """Stop what :meth:`start` started; returns the number of Ray processes stopped."""
+        if self.dashboard is not None:
+            self.dashboard.shutdown()
+            self.dashboard.server_close()
+        if self._channel is not None:
+            self._channel.close()
+        stopped = 0
+        if self.head is not None:
+            processes = self.head_processes or process_tree(self.head.pid)
+            processes += [p for p in process_tree(self.head.pid) if p not in processes]  # workers booted since
+            stopped = sum(is_running(pid, start) for pid, start in processes)
+            stop_process_tree(processes, STOP_TIMEOUT_S)
+            if self.head.poll() is None:
+                self.head.wait(timeout=10)
+        state = ServiceState.read(self.state_path)
+        if state is not None and state.pid == os.getpid():  # never another service's file
+            self.state_path.unlink(missing_ok=True)
+        (self.directory / TOKEN_FILE).unlink(missing_ok=True)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return stopped
+
+
+def _head_system_config(num_cpus: int, warm_workers: int) -> dict[str, Any]:
+    from fedray.runtime.ray_start import worker_system_config
+
+    return worker_system_config(max(num_cpus, warm_workers) + 1)
+
+
+def worker_processes(head_pid: int) -> dict[str, int]:
+    """The Ray worker processes of the head whose ``ray start`` process is ``head_pid``, by state:
+    ``booting`` (importing, not yet registered), ``idle`` and ``busy`` (running a task or an actor),
+    told apart by the title Ray gives a worker process (``ray::IDLE``, ``ray::<actor class>``)."""
+    counts = {"booting": 0, "idle": 0, "busy": 0}
+    raylet = next((pid for pid, _ in process_tree(head_pid) if _command_line(pid)[0].endswith("/raylet")), None)
+    if raylet is None:
+        return counts
+    for pid, _ in process_tree(raylet)[1:]:
+        arguments = _command_line(pid)
+        if arguments[0].startswith("ray::IDLE"):
+            counts["idle"] += 1
+        elif arguments[0].startswith("ray::"):
+            counts["busy"] += not arguments[0].startswith(_RAY_AGENTS)
+        elif any(argument.endswith(("setup_worker.py", "default_worker.py")) for argument in arguments[1:3]):
+            counts["booting"] += 1
+    return counts
+
+
+def _command_line(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1] or [""]
+    except OSError:
+        return [""]
+
+
+def stop_service(state: ServiceState, directory: Path | None = None) -> int:
+    """``fedray down``: SIGTERM to the ``fedray up`` process, which stops its head (:meth:`LocalService.stop`);
+    if it has not within ``STOP_TIMEOUT_S``, the head's processes are stopped here, by pid. Returns the
+    number of the head's processes that were running."""
+    directory = directory or service_dir()
+    head = process_tree(state.head_pid) if is_running(state.head_pid, state.head_start) else []
+    up = [(state.pid, state.pid_start)]
+    stop_process_tree(up, STOP_TIMEOUT_S)
+    if not wait_gone(head, 5):
+        stop_process_tree(head, 10)
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    (directory / TOKEN_FILE).unlink(missing_ok=True)
+    shutil.rmtree(state.ray_temp_dir, ignore_errors=True)
+    return len(head)
