@@ -24,6 +24,13 @@ have read without the failure. A worker caches the states it wrote (the ``cache_
 at most ``cache_bytes`` of tensors): a sticky client, trained on the same worker as last time, never
 reads its state back.
 
+Failures: a location that stops working during a run (an S3 endpoint gone away, a mount lost)
+raises :class:`ClientStateIOError` in the worker, naming the location, what was being done and the
+storage's own first line; the driver reports it as one line with the command that resumes the run
+once the location is back (the state each kept checkpoint refers to is still there). A state that
+is missing although the run wrote it is :class:`ClientStateMissing`, which says whether the whole
+location was emptied (deleted) or one file is gone.
+
 Claims: a location outside the run directory (``<output.client_state_dir>/<run name>``) could be
 shared by two runs of the same name; the first run claims it (:func:`claim_location`) and any other
 is refused before it writes, so it never deletes the first run's versions.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import secrets
 import socket
@@ -49,7 +57,10 @@ import torch
 
 from fedray.config.schema import OutputConfig
 from fedray.layout import RUN_ID_FILE
+from fedray.runtime.errors import first_line
 from fedray.tracking.sync import is_uri
+
+logger = logging.getLogger(__name__)
 
 NO_STATE = -1  # version of a client that has never stored state
 MAGIC = b"FEDRAYCS"  # 8 bytes; then the 32-byte SHA-256 of the payload, then the payload
@@ -65,6 +76,11 @@ class ClientStateError(RuntimeError):
 
 class ClientStateMissing(ClientStateError, FileNotFoundError):
     """A client's state of the requested round is not in the store."""
+
+
+class ClientStateIOError(ClientStateError):
+    """The client state location failed to read or write (its server or mount is gone, or it
+    refuses): the run can be resumed from its last checkpoint once the location works again."""
 
 
 def join_location(location: str, *parts: str) -> str:
@@ -168,28 +184,54 @@ class ClientStateStore:
                 with self.filesystem.open_input_stream(self._path(client_id, version)) as stream:
                     data = stream.readall()
             except FileNotFoundError:
-                raise ClientStateMissing(
-                    f"{self._describe(client_id, version)} is missing; the client state store must be on "
-                    "storage every worker can reach (see output.client_state_dir)"
-                ) from None
+                raise ClientStateMissing(self._missing(client_id, version)) from None
+            except OSError as error:
+                raise self._io_error(f"reading client {client_id}'s state of round {version}", error) from None
             cached = decode_state(data, self._describe(client_id, version))
         return {name: tensor.to(device) for name, tensor in cached.items()}
+
+    def _missing(self, client_id: int, version: int) -> str:
+        """Why a state the run wrote is not there: the location emptied (deleted, or another storage
+        than the one written to), or this one file gone."""
+        try:
+            emptied = not _holds_client_state(self)
+        except OSError:
+            emptied = False
+        if emptied:
+            return (
+                f"{self._describe(client_id, version)} is missing, and {self.display_root} holds no client state at all: it was "
+                "deleted, or this worker sees other storage than the one the run wrote to (on several nodes output.client_state_dir "
+                "must be storage every node reaches); the run cannot go on without its clients' state: restore it, or start a new run"
+            )
+        return (
+            f"{self._describe(client_id, version)} is missing although other client state is there (deleted?); restore it, or "
+            "start a new run"
+        )
+
+    def _io_error(self, doing: str, error: OSError) -> ClientStateIOError:
+        return ClientStateIOError(f"the client state location {self.display_root} failed while {doing} ({first_line(error)})")
 
     def save(self, client_id: int, version: int, state: dict[str, torch.Tensor], keep: Iterable[int]) -> None:
         """Write round ``version``'s state atomically, then drop this client's versions other than
         ``version`` and ``keep`` (the version loaded this round and those the kept checkpoints use)."""
         cpu_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
-        self.write_atomic(self._path(client_id, version), encode_state(cpu_state))
+        try:
+            self.write_atomic(self._path(client_id, version), encode_state(cpu_state))
+        except OSError as error:
+            raise self._io_error(f"writing client {client_id}'s state of round {version}", error) from None
         self._uncache((client_id, version))
         self._cache[(client_id, version)] = cpu_state
         self._cached_bytes += _nbytes(cpu_state)
         while len(self._cache) > 1 and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
             self._uncache(next(iter(self._cache)))
         wanted = {self._path(client_id, v) for v in (version, *keep) if v != NO_STATE}
-        for info in self.filesystem.get_file_info(pafs.FileSelector(self._client_dir(client_id))):
-            if info.path not in wanted and info.base_name.startswith("r") and info.base_name.endswith(".pt"):
-                self.filesystem.delete_file(info.path)
-                self._uncache((client_id, int(info.base_name[1:-3])))
+        try:
+            for info in self.filesystem.get_file_info(pafs.FileSelector(self._client_dir(client_id))):
+                if info.path not in wanted and info.base_name.startswith("r") and info.base_name.endswith(".pt"):
+                    self.filesystem.delete_file(info.path)
+                    self._uncache((client_id, int(info.base_name[1:-3])))
+        except OSError as error:
+            raise self._io_error(f"removing client {client_id}'s states older than round {version}", error) from None
 
     def _uncache(self, key: tuple[int, int]) -> None:
         state = self._cache.pop(key, None)
@@ -247,13 +289,21 @@ class LocationClaim:
             store.write_atomic(f"{store.root}/{CLAIM_FILE}", json.dumps(claim).encode())
 
     def release(self) -> None:
-        """Remove the claim this run wrote: it stopped before its first round, and keeps nothing."""
+        """Remove the claim this run wrote: it stopped before its first round, and keeps nothing. A
+        location that fails now (the reason the run stopped, perhaps) keeps the claim, with a warning."""
         if self.new:
             store = ClientStateStore(self.location)
             try:
                 store.filesystem.delete_file(f"{store.root}/{CLAIM_FILE}")
             except FileNotFoundError:
                 pass
+            except OSError as error:
+                logger.warning(
+                    "warning: could not remove this run's claim %s/%s (%s); delete it before another run of this name uses the location",
+                    store.display_root,
+                    CLAIM_FILE,
+                    first_line(error),
+                )
 
 
 def claim_location(location: str, run_dir: str | Path, resuming: bool) -> LocationClaim:
