@@ -120,9 +120,10 @@ def check_ray_imports(paths: Iterable[str]) -> None:
     missing = ray.get(unimportable.remote(names))
     if missing:
         raise ConfigError(
-            f"invalid config:\n  algorithm.name / output.callbacks: Ray was started without your module(s) "
+            "algorithm.name / output.callbacks",
+            "Ray was started without your module(s) "
             f"{', '.join(missing)}, which Tune's trials must import: let fedray start Ray, or start it with "
-            f"ray.init(runtime_env={{'py_modules': {list(paths)!r}}})"
+            f"ray.init(runtime_env={{'py_modules': {list(paths)!r}}})",
         )
 
 

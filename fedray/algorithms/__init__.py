@@ -34,7 +34,7 @@ from fedray.algorithms.base import (
     RoundResults,
 )
 from fedray.config import AlgorithmConfig, ConfigError, RunConfig
-from fedray.config.loader import format_validation_error
+from fedray.config.loader import validation_config_error
 from fedray.config.references import import_reference, is_reference
 
 ENTRY_POINT_GROUP = "fedray.algorithms"
@@ -71,22 +71,23 @@ ALGORITHMS = _AlgorithmNames()
 
 def _checked(value: object, source: str) -> type[Algorithm]:
     if not (isinstance(value, type) and issubclass(value, Algorithm)):
-        raise ConfigError(f"invalid config:\n  algorithm.name: {source} is not a subclass of fedray.Algorithm (got {value!r})")
+        raise ConfigError("algorithm.name", f"{source} is not a subclass of fedray.Algorithm (got {value!r})")
     builtin = _builtins().get(value.name)
     if builtin is not None and builtin is not value:
         raise ConfigError(
-            f"invalid config:\n  algorithm.name: {source} declares name = {value.name!r}, which is a built-in "
-            f"algorithm; give it a name of its own (built-ins: {', '.join(sorted(_builtins()))})"
+            "algorithm.name",
+            f"{source} declares name = {value.name!r}, which is a built-in "
+            f"algorithm; give it a name of its own (built-ins: {', '.join(sorted(_builtins()))})",
         )
     if value.client_update is Algorithm.client_update:
         raise ConfigError(
-            f"invalid config:\n  algorithm.name: {source} does not define client_update(self, ctx, broadcast), "
-            "which every algorithm must (docs/writing_an_algorithm.md)"
+            "algorithm.name",
+            f"{source} does not define client_update(self, ctx, broadcast), which every algorithm must (docs/writing_an_algorithm.md)",
         )
     if inspect.isabstract(value):
         raise ConfigError(
-            f"invalid config:\n  algorithm.name: {source} leaves the abstract method(s) "
-            f"{', '.join(sorted(value.__abstractmethods__))} undefined, so it cannot be built"
+            "algorithm.name",
+            f"{source} leaves the abstract method(s) {', '.join(sorted(value.__abstractmethods__))} undefined, so it cannot be built",
         )
     return value
 
@@ -99,8 +100,9 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
     if name in _builtins():
         if name in installed:
             raise ConfigError(
-                f"invalid config:\n  algorithm.name: the installed entry point {installed[name].value!r} "
-                f"(group {ENTRY_POINT_GROUP}) registers {name!r}, which is a built-in algorithm; rename it"
+                "algorithm.name",
+                f"the installed entry point {installed[name].value!r} "
+                f"(group {ENTRY_POINT_GROUP}) registers {name!r}, which is a built-in algorithm; rename it",
             )
         return _builtins()[name]
     if is_reference(name):
@@ -110,13 +112,10 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
             loaded = installed[name].load()
         except Exception as error:
             raise ConfigError(
-                f"invalid config:\n  algorithm.name: cannot load entry point {name} = {installed[name].value!r} "
-                f"({type(error).__name__}: {error})"
+                "algorithm.name", f"cannot load entry point {name} = {installed[name].value!r} ({type(error).__name__}: {error})"
             ) from None
         return _checked(loaded, f"entry point {name} = {installed[name].value!r}")
-    raise ConfigError(
-        f"invalid config:\n  algorithm.name: unknown algorithm {name!r} (allowed: {', '.join(ALGORITHMS)}, or package.module:ClassName)"
-    )
+    raise ConfigError("algorithm.name", f"unknown algorithm {name!r} (allowed: {', '.join(ALGORITHMS)}, or package.module:ClassName)")
 
 
 def algorithm_label(name: str) -> str:
@@ -133,7 +132,7 @@ def validate_algorithm_params(config: RunConfig) -> RunConfig:
     try:
         params = params_model.model_validate(dict(algorithm.model_extra or {}))
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, params_model, prefix="algorithm.")) from None
+        raise validation_config_error(error, params_model, prefix="algorithm.") from None
     return config.model_copy(update={"algorithm": AlgorithmConfig(name=algorithm.name, **params.model_dump(mode="json"))})
 
 

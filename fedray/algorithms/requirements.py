@@ -42,7 +42,7 @@ class Requirement:
     is_met: Callable[[RunConfig, FedModel, DatasetInfo], bool]
 
     def message(self, algorithm_name: str, config: RunConfig, info: DatasetInfo) -> str:
-        text = f"{self.keys}: {algorithm_name} needs {self.what}; {self.remedy}"
+        text = f"{algorithm_name} needs {self.what}; {self.remedy}"
         return (
             text.replace("{model}", repr(config.model.name)).replace("{data}", repr(config.data.name)).replace("{modality}", info.modality)
         )
@@ -100,5 +100,5 @@ def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
     own = sorted(cls.requires - set(CHECK_ORDER), key=lambda requirement: requirement.keys)
     for requirement in [r for r in CHECK_ORDER if r in cls.requires] + own:
         if not requirement.is_met(algorithm.config, model, algorithm.info):
-            raise ConfigError(f"invalid config:\n  {requirement.message(cls.name or cls.__name__, algorithm.config, algorithm.info)}")
+            raise ConfigError(requirement.keys, requirement.message(cls.name or cls.__name__, algorithm.config, algorithm.info))
     check_uploads(algorithm)

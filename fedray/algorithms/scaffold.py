@@ -94,8 +94,9 @@ class Scaffold(ServerOptimizedAlgorithm):
         super().__init__(config, info)
         if config.train.optimizer != "sgd":
             raise ConfigError(
-                f"invalid config:\n  train.optimizer: SCAFFOLD's control-variate update (option II) assumes SGD "
-                f"(with or without momentum), got {config.train.optimizer!r}; use train.optimizer=sgd"
+                "train.optimizer",
+                "SCAFFOLD's control-variate update (option II) assumes SGD "
+                f"(with or without momentum), got {config.train.optimizer!r}; use train.optimizer=sgd",
             )
 
     def init_server_state(self, model: FedModel) -> ServerState:

@@ -72,4 +72,4 @@ def check_uploads(algorithm: Algorithm) -> None:
         )
     else:
         return
-    raise ConfigError(f"invalid config:\n  {' / '.join(keys)}: {message}; use a weighted-mean algorithm such as fedavg or fedprox")
+    raise ConfigError(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")

@@ -46,19 +46,25 @@ def dashboard_command(args: argparse.Namespace) -> int:
     path = Path(args.path).expanduser()
     if not path.exists():
         raise ConfigError(
-            f"dashboard: {path} does not exist; give a sweep directory (sweeps/<sweep-id>), a run directory or a folder of runs"
+            "dashboard",
+            f"{path} does not exist; give a sweep directory (sweeps/<sweep-id>), a run directory or a folder of runs",
+            within=None,
         )
     if not path.is_dir():
-        raise ConfigError(f"dashboard: {path} is a file, not a directory; give a sweep directory, a run directory or a folder of runs")
+        raise ConfigError(
+            "dashboard", f"{path} is a file, not a directory; give a sweep directory, a run directory or a folder of runs", within=None
+        )
     if not 0 <= args.port <= 65535:
-        raise ConfigError(f"dashboard: --port must be between 0 and 65535, got {args.port}")
+        raise ConfigError("dashboard", f"--port must be between 0 and 65535, got {args.port}", within=None)
     if args.refresh < 0.5:
-        raise ConfigError(f"dashboard: --refresh must be at least 0.5 seconds, got {args.refresh}")
+        raise ConfigError("dashboard", f"--refresh must be at least 0.5 seconds, got {args.refresh}", within=None)
     try:
         server = DashboardServer(path, host=args.host, port=args.port, refresh_seconds=args.refresh, allowed_hosts=args.allow_host)
     except OSError as error:
         raise ConfigError(
-            f"dashboard: cannot listen on {args.host}:{args.port} ({error.strerror or error}); pick another --port, or --port 0 for any free one"
+            "dashboard",
+            f"cannot listen on {args.host}:{args.port} ({error.strerror or error}); pick another --port, or --port 0 for any free one",
+            within=None,
         ) from None
     except RuntimeError as error:  # plotly or the page's static files missing
         print(f"fedray: {error}", file=sys.stderr)

@@ -28,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="override a config key, e.g. --set data.alpha=0.1 (repeatable)",
     )
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
-    parser.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001); default: start a local Ray")
+    parser.add_argument(
+        "--address",
+        help="Ray cluster address (e.g. auto, ray://host:10001); default: the service of `fedray up` if one runs, else a local Ray",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--print-config",
@@ -46,7 +49,7 @@ def run_command(args: argparse.Namespace) -> int:
     directory, and only then starts or joins Ray: a bad input never waits for Ray's start or stop."""
     if args.resume:
         if args.config or args.overrides:
-            raise ConfigError("--resume takes the run directory only; its saved config.yaml is used as is")
+            raise ConfigError(None, "--resume takes the run directory only; its saved config.yaml is used as is", within=None)
         sections = load_config_sections(saved_config_path(args.resume))
         check_unfinished(args.resume, sections.train.rounds)
     else:
@@ -54,14 +57,17 @@ def run_command(args: argparse.Namespace) -> int:
     if args.print_config:
         print_config(sections)
         return 0
-    from fedray.runtime.ray_start import check_address
+    from fedray.runtime.ray_start import check_address, uses_ray
+    from fedray.runtime.service import service_ray_address
 
     check_address(args.address)
+    # the service of `fedray up`, when one runs and this run would start Ray (an --address or $RAY_ADDRESS wins)
+    address = args.address or service_ray_address(sections.resources, on_ray=uses_ray(sections.resources, None))
     if args.resume:
         from fedray.runtime import resume_experiment  # imports torch and the algorithms
 
         before_run = seconds_since_process_start()
-        summary = resume_experiment(args.resume, address=args.address, progress=not args.quiet)
+        summary = resume_experiment(args.resume, address=address, progress=not args.quiet)
     else:
         from fedray.plugins import validate_plugins  # imports torch and the algorithms
 
@@ -69,7 +75,7 @@ def run_command(args: argparse.Namespace) -> int:
         from fedray.runtime import run_experiment
 
         before_run = seconds_since_process_start()
-        summary = run_experiment(config, address=args.address, progress=not args.quiet)
+        summary = run_experiment(config, address=address, progress=not args.quiet)
     print_summary(summary, before_run, seconds_since_process_start())
     return 0
 

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-ADDRESS_HELP = "the Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS)"
+ADDRESS_HELP = (
+    "the Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS, else the service of `fedray up`)"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,13 +84,14 @@ def check_fedray_command(fedray_args: list[str]) -> None:
 def submit_command(args: argparse.Namespace) -> int:
     from fedray.cluster import jobs
     from fedray.config import ConfigError
+    from fedray.runtime.service import service_job_server_url
 
     fedray_args = args.fedray_args[1:] if args.fedray_args[:1] == ["--"] else args.fedray_args
     entrypoint = jobs.job_entrypoint(fedray_args, args.working_dir)
     sys.path.append(str(args.working_dir.resolve()))  # plug-ins a config names import from it, as in the job
     check_fedray_command(fedray_args)
     if not args.working_dir.is_dir():
-        raise ConfigError(f"--working-dir {args.working_dir}: not a directory")
+        raise ConfigError(f"--working-dir {args.working_dir}", "not a directory", within=None)
     plan = jobs.plan_upload(args.working_dir, args.exclude)
     for path, reason in plan.skipped_links:
         print(f"fedray: warning: not uploading the link {path}: {reason}", file=sys.stderr)
@@ -97,7 +100,7 @@ def submit_command(args: argparse.Namespace) -> int:
         f"(left out: {', '.join(jobs.DEFAULT_EXCLUDES)}, .gitignore/.rayignore entries, --exclude)",
         flush=True,
     )
-    address = jobs.resolve_address(args.address)
+    address = jobs.resolve_address(args.address or service_job_server_url())
     try:
         client = jobs.connect(address)
         job_id = jobs.submit(client, address, entrypoint, args.working_dir, plan)
@@ -113,14 +116,16 @@ def submit_command(args: argparse.Namespace) -> int:
 
 def jobs_command(args: argparse.Namespace) -> int:
     from fedray.cluster import jobs
+    from fedray.runtime.service import service_job_server_url
 
+    address = args.address or service_job_server_url()
     try:
-        client = jobs.connect(args.address)
+        client = jobs.connect(address)
         if args.action == "list":
             print(jobs.format_jobs(client.list_jobs()))
         elif args.action == "logs":
             if args.follow:
-                return _follow(client, args.job_id, jobs.resolve_address(args.address))
+                return _follow(client, args.job_id, jobs.resolve_address(address))
             print(client.get_job_logs(args.job_id), end="")
         elif args.action == "stop":
             stopped = client.stop_job(args.job_id)

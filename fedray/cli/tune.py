@@ -48,7 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --resume: resume although fedray did not record the folder's Tune state (it will be unpickled)",
     )
-    parser.add_argument("--address", help="Ray cluster address (e.g. auto); default: start a local Ray")
+    parser.add_argument(
+        "--address", help="Ray cluster address (e.g. auto); default: the service of `fedray up` if one runs, else a local Ray"
+    )
     parser.add_argument(
         "--verbose", action="store_true", help="show Ray Tune's trial table and the trials' output instead of fedray's progress line"
     )
@@ -57,20 +59,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def tune_command(args: argparse.Namespace) -> int:
+    from fedray.runtime.service import service_ray_address
     from fedray.tune import load_sweep, resume_sweep, run_sweep
     from fedray.tune.spec import shadowed_overrides
 
     if args.top < 1:
-        raise ConfigError(f"--top: expected a positive number of trials to show (got {args.top})")
+        raise ConfigError("--top", f"expected a positive number of trials to show (got {args.top})", within=None)
     if args.resume:
         if args.sweep or args.overrides or args.space or args.num_samples is not None or args.max_concurrent is not None:
-            raise ConfigError("--resume takes the sweep directory only; its saved sweep.yaml is used as is")
-        run = lambda: resume_sweep(args.resume, address=args.address, verbose=args.verbose, trust_tune_state=args.trust_tune_state)  # noqa: E731
+            raise ConfigError(None, "--resume takes the sweep directory only; its saved sweep.yaml is used as is", within=None)
+        address = args.address or service_ray_address(None, on_ray=True)  # the service of `fedray up`, if one runs
+        run = lambda: resume_sweep(args.resume, address=address, verbose=args.verbose, trust_tune_state=args.trust_tune_state)  # noqa: E731
     else:
         if not args.sweep:
-            raise ConfigError("give a sweep file (e.g. tune_configs/fedavg.yaml) or --resume SWEEP_DIR")
+            raise ConfigError(None, "give a sweep file (e.g. tune_configs/fedavg.yaml) or --resume SWEEP_DIR", within=None)
         if args.trust_tune_state:
-            raise ConfigError("--trust-tune-state goes with --resume SWEEP_DIR")
+            raise ConfigError(None, "--trust-tune-state goes with --resume SWEEP_DIR", within=None)
         # fails with exit code 2 before Ray starts
         spec = load_sweep(args.sweep, args.overrides, args.space, args.num_samples, args.max_concurrent)
         for override in shadowed_overrides(spec, args.overrides):
@@ -80,7 +84,8 @@ def tune_command(args: argparse.Namespace) -> int:
                 f"use --space {key}=grid:[VALUE] to fix it",
                 file=sys.stderr,
             )
-        run = lambda: run_sweep(spec, address=args.address, verbose=args.verbose)  # noqa: E731
+        address = args.address or service_ray_address(None, on_ray=True)  # the service of `fedray up`, if one runs
+        run = lambda: run_sweep(spec, address=address, verbose=args.verbose)  # noqa: E731
     try:
         outcome = run()
     except KeyboardInterrupt:

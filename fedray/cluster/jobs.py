@@ -15,6 +15,7 @@ its token (HTTP 401). The token is read the way Ray reads it (``$RAY_AUTH_TOKEN`
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shlex
 import sys
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
+from urllib.parse import urlsplit
 
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
@@ -54,7 +56,7 @@ def read_auth_token() -> str | None:
     if path.is_file():
         return path.read_text().strip() or None
     if os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        raise ConfigError(f"RAY_AUTH_TOKEN_PATH={path} does not exist")
+        raise ConfigError(None, f"RAY_AUTH_TOKEN_PATH={path} does not exist", within=None)
     return None
 
 
@@ -62,10 +64,28 @@ def auth_headers() -> dict[str, str]:
     token = read_auth_token()
     if token is None and os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         raise ConfigError(
+            None,
             "RAY_AUTH_MODE=token but no token found: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or copy "
-            "the cluster's token to ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)"
+            "the cluster's token to ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)",
+            within=None,
         )
     return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
+def warn_if_token_in_clear(url: str, headers: dict[str, str]) -> None:
+    """Warn (stderr) when the cluster token would go unencrypted to another machine: plain
+    ``http://`` to a host that is not this machine's loopback."""
+    host = urlsplit(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    if headers and url.startswith("http://") and not loopback:
+        print(
+            f"fedray: warning: the cluster token is sent unencrypted over plain http:// to {host}; reach the job server "
+            "through https://, or an SSH tunnel or kubectl port-forward to http://127.0.0.1:8265 (cluster/README.md)",
+            file=sys.stderr,
+        )
 
 
 def resolve_address(address: str | None) -> str:
@@ -73,11 +93,13 @@ def resolve_address(address: str | None) -> str:
     address = address or next((os.environ[v] for v in ADDRESS_VARIABLES if os.environ.get(v)), None)
     if not address:
         raise ConfigError(
+            None,
             "no cluster address: pass --address http://HEAD:8265 (the Ray dashboard's URL; e.g. through "
-            "an SSH tunnel or kubectl port-forward, see cluster/README.md) or set RAY_API_SERVER_ADDRESS"
+            "an SSH tunnel or kubectl port-forward, see cluster/README.md) or set RAY_API_SERVER_ADDRESS",
+            within=None,
         )
     if not address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address {address!r}: expected the Ray dashboard's URL, e.g. http://127.0.0.1:8265")
+        raise ConfigError(f"--address {address!r}", "expected the Ray dashboard's URL, e.g. http://127.0.0.1:8265", within=None)
     return address.rstrip("/")
 
 
@@ -95,6 +117,7 @@ def connect(address: str | None) -> JobSubmissionClient:
     """A job client for the cluster at ``address`` (see :func:`resolve_address`)."""
     url = resolve_address(address)
     headers = auth_headers()
+    warn_if_token_in_clear(url, headers)
     try:
         with _address_variables_unset():
             return JobSubmissionClient(url, headers=headers)
@@ -105,16 +128,16 @@ def connect(address: str | None) -> JobSubmissionClient:
 def job_entrypoint(fedray_args: list[str], working_dir: Path) -> str:
     """The job's shell command, ``fedray <args>``, with config files made relative to ``working_dir``."""
     if not fedray_args:
-        raise ConfigError("nothing to submit: put the fedray command after --, e.g. `fedray submit -- run cfg.yaml`")
+        raise ConfigError(None, "nothing to submit: put the fedray command after --, e.g. `fedray submit -- run cfg.yaml`", within=None)
     if fedray_args[0] in ("submit", "jobs"):
-        raise ConfigError(f"`fedray {fedray_args[0]}` runs on your machine, not as a job")
+        raise ConfigError(None, f"`fedray {fedray_args[0]}` runs on your machine, not as a job", within=None)
     root = working_dir.resolve()
     args = []
     for arg in fedray_args:
         path = Path(arg)
         if path.suffix in CONFIG_SUFFIXES and path.is_file():
             if not path.resolve().is_relative_to(root):
-                raise ConfigError(f"{arg} is outside the working directory {working_dir}; the job could not read it")
+                raise ConfigError(None, f"{arg} is outside the working directory {working_dir}; the job could not read it", within=None)
             arg = path.resolve().relative_to(root).as_posix()
         args.append(arg)
     return shlex.join(["fedray", *args])

@@ -20,7 +20,36 @@ from fedray.layout import SAVED_CONFIG_FILE
 
 
 class ConfigError(ValueError):
-    """An invalid configuration; the message names the key and what is allowed."""
+    """A bad input, found before the run starts: ``fedray`` prints it and exits with code 2.
+
+    - ``key``: what the problem line names first: a config key (``data.alpha``), a command-line
+      option (``--top``, ``--set data.alpha``) or a file (``c.yaml``); None when ``message`` says it all.
+    - ``message``: what is wrong and what is allowed.
+    - ``within``: the input that holds ``key``, named in the header line ``invalid {within}:``:
+      ``"config"`` (the run config), ``"sweep file tune.yaml"``...; None where the problem line
+      stands alone (a data file, a command-line option, an unreadable config file).
+    - ``more``: further ``(key, message)`` problems of the same input, one line each (a pydantic
+      validation error lists every field it refuses).
+
+    ``str(error)`` is what ``fedray`` prints after ``fedray:``::
+
+        invalid config:
+          data.alpha: Input should be greater than 0 (got -1)
+    """
+
+    def __init__(
+        self, key: str | None, message: str, *, within: str | None = "config", more: Iterable[tuple[str | None, str]] = ()
+    ) -> None:
+        super().__init__(key, message)
+        self.key, self.message, self.within, self.more = key, message, within, tuple(more)
+
+    @property
+    def detail(self) -> str:
+        """The problem line(s) without the header (what a sweep records for a trial refused on its config)."""
+        return "\n  ".join(message if key is None else f"{key}: {message}" for key, message in ((self.key, self.message), *self.more))
+
+    def __str__(self) -> str:
+        return self.detail if self.within is None else f"invalid {self.within}:\n  {self.detail}"
 
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a config is a few kB; anything this big is a mistake or an attack
@@ -61,15 +90,15 @@ def parse_yaml(text: str, source: str) -> Any:
         for event in yaml.parse(text, Loader=_StrictSafeLoader):  # the parser is not recursive; the composer is
             depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
             if depth > MAX_CONFIG_DEPTH:
-                raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+                raise ConfigError(source, f"nested deeper than {MAX_CONFIG_DEPTH} levels", within=None)
         loaded = yaml.load(text, Loader=_StrictSafeLoader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = error.problem or error.context or "unreadable"
-        raise ConfigError(f"{source}: not valid YAML{where}: {short_repr(problem, 200)[1:-1]}") from None
+        raise ConfigError(source, f"not valid YAML{where}: {short_repr(problem, 200)[1:-1]}", within=None) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{source}: not valid YAML: {short_repr(str(error), 200)[1:-1]}") from None
+        raise ConfigError(source, f"not valid YAML: {short_repr(str(error), 200)[1:-1]}", within=None) from None
     check_config_shape(loaded, source)
     return loaded
 
@@ -83,9 +112,9 @@ def check_config_shape(value: Any, source: str) -> None:
         node, depth = stack.pop()
         count += 1
         if depth > MAX_CONFIG_DEPTH:
-            raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+            raise ConfigError(source, f"nested deeper than {MAX_CONFIG_DEPTH} levels", within=None)
         if count > MAX_CONFIG_NODES:
-            raise ConfigError(f"{source}: more than {MAX_CONFIG_NODES:,} values (YAML aliases expanded)")
+            raise ConfigError(source, f"more than {MAX_CONFIG_NODES:,} values (YAML aliases expanded)", within=None)
         if isinstance(node, dict):
             stack.extend((child, depth + 1) for pair in node.items() for child in pair)
         elif isinstance(node, (list, tuple)):
@@ -97,20 +126,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     over :data:`MAX_CONFIG_BYTES`, text that is not UTF-8, duplicate keys and too-deep nesting."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(None, f"config file not found: {path}", within=None)
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a config may have at most {MAX_CONFIG_BYTES:,}")
+        raise ConfigError(str(path), f"{path.stat().st_size:,} bytes; a config may have at most {MAX_CONFIG_BYTES:,}", within=None)
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+        raise ConfigError(str(path), f"not UTF-8 text (byte {error.start}: {error.reason})", within=None) from None
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+        raise ConfigError(str(path), f"cannot read: {error.strerror}", within=None) from None
     loaded = parse_yaml(text, str(path))
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        raise ConfigError(str(path), f"the top level must be a mapping of sections, got {type(loaded).__name__}", within=None)
     return loaded
 
 
@@ -120,15 +149,15 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {short_repr(override)}: expected KEY=VALUE, e.g. --set data.alpha=0.1")
+            raise ConfigError(f"--set {short_repr(override)}", "expected KEY=VALUE, e.g. --set data.alpha=0.1", within=None)
         if len(text) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"--set {key.strip()}: value of {len(text):,} characters; at most {MAX_CONFIG_BYTES:,}")
+            raise ConfigError(f"--set {key.strip()}", f"value of {len(text):,} characters; at most {MAX_CONFIG_BYTES:,}", within=None)
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
         except RecursionError:
-            raise ConfigError(f"--set {key.strip()}: nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+            raise ConfigError(f"--set {key.strip()}", f"nested deeper than {MAX_CONFIG_DEPTH} levels", within=None) from None
         check_config_shape(value, f"--set {key.strip()}")
         if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
             value = text  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
@@ -144,7 +173,7 @@ def set_key(raw: dict[str, Any], key: str, value: Any, source: str) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{source}{key}: {part!r} is a value, not a section")
+            raise ConfigError(f"{source}{key}", f"{part!r} is a value, not a section", within=None)
         node = child
     node[parts[-1]] = value
 
@@ -160,21 +189,24 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def format_validation_error(error: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
-    lines = []
+def validation_config_error(error: ValidationError, model: type[BaseModel], prefix: str = "", within: str | None = "config") -> ConfigError:
+    """The :class:`ConfigError` of a pydantic ``error`` validating ``model``: one ``(key, message)``
+    problem per refused field, keys prefixed with ``prefix`` (``"algorithm."``); a model-level check
+    (no field) has no key, its message names the keys."""
+    problems: list[tuple[str | None, str]] = []
     for item in error.errors():
         loc = tuple(item["loc"])
         key = prefix + ".".join(str(part) for part in loc)
         key = key if len(key) <= 80 else key[:77] + "..."
+        message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            allowed = ", ".join(_allowed_keys(model, loc))
-            lines.append(f"{key}: unknown key (allowed: {allowed})")
+            problems.append((key, f"unknown key (allowed: {', '.join(_allowed_keys(model, loc))})"))
         elif not loc:
-            lines.append(str(item["msg"]).removeprefix("Value error, "))
+            problems.append((None, message))
         else:
-            message = str(item["msg"]).removeprefix("Value error, ")
-            lines.append(f"{key}: {message} (got {short_repr(item.get('input'))})")
-    return "invalid config:\n  " + "\n  ".join(lines)
+            problems.append((key, f"{message} (got {short_repr(item.get('input'))})"))
+    (key, message), *more = problems
+    return ConfigError(key, message, within=within, more=more)
 
 
 def validate_config(raw: dict[str, Any]) -> RunConfig:
@@ -187,7 +219,7 @@ def validate_config(raw: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, RunConfig)) from None
+        raise validation_config_error(error, RunConfig) from None
 
 
 def load_config_sections(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
@@ -203,7 +235,7 @@ def saved_config_path(run_dir: str | Path) -> Path:
     if there is none (``run_dir`` is not a fedray run directory)."""
     path = Path(run_dir) / SAVED_CONFIG_FILE
     if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a fedray run directory (no {SAVED_CONFIG_FILE})")
+        raise ConfigError(None, f"{run_dir} is not a fedray run directory (no {SAVED_CONFIG_FILE})", within=None)
     return path
 
 

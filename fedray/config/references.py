@@ -28,7 +28,7 @@ def import_reference(reference: str, key: str) -> Any:
     """
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"invalid config:\n  {key}: expected 'package.module:ClassName' (got {reference!r})")
+        raise ConfigError(key, f"expected 'package.module:ClassName' (got {reference!r})")
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.append(cwd)
@@ -36,12 +36,13 @@ def import_reference(reference: str, key: str) -> Any:
         module = importlib.import_module(module_name)
     except Exception as error:  # ImportError, or the user's module raising while it is imported
         raise ConfigError(
-            f"invalid config:\n  {key}: cannot import module {module_name!r} of {reference!r} "
-            f"({type(error).__name__}: {error}); it must be importable from the current directory or sys.path"
+            key,
+            f"cannot import module {module_name!r} of {reference!r} "
+            f"({type(error).__name__}: {error}); it must be importable from the current directory or sys.path",
         ) from None
     value: Any = module
     for part in attribute.split("."):
         if not hasattr(value, part):
-            raise ConfigError(f"invalid config:\n  {key}: module {module_name!r} has no {attribute!r} (got {reference!r})")
+            raise ConfigError(key, f"module {module_name!r} has no {attribute!r} (got {reference!r})")
         value = getattr(value, part)
     return value

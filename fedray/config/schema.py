@@ -377,6 +377,30 @@ class SelectionConfig(Section):
     )
 
 
+class CompressionConfig(Section):
+    """``systems.compression``: what a client's model-weight update is compressed to before it is
+    uploaded (:mod:`fedray.systems.compression`; docs/guide/systems.md, "Compression")."""
+
+    method: Literal["none", "fp16", "int8", "topk"] = Field(
+        "none",
+        description="none; fp16: half precision; int8: unbiased stochastic quantisation to 8 bits with a scale per "
+        "bucket (QSGD); topk: the topk_fraction largest entries by magnitude and their indices",
+    )
+    topk_fraction: float = Field(0.01, gt=0, le=1, description="topk: share of the update's entries kept (at least one)")
+    bucket_size: int = Field(1024, gt=0, le=1 << 24, description="int8: entries sharing one float32 scale")
+    error_feedback: bool = Field(
+        False,
+        description="add what compression left out of a client's last upload to its next one (the residual is client "
+        "state; Stich et al. 2018, Karimireddy et al. 2019)",
+    )
+
+    @model_validator(mode="after")
+    def _error_feedback_needs_a_method(self) -> "CompressionConfig":
+        if self.error_feedback and self.method == "none":
+            raise ValueError("error_feedback needs a compression method (systems.compression.method: fp16, int8 or topk)")
+        return self
+
+
 class SystemsConfig(Section):
     """``systems``: the simulated devices, their availability and the simulated clock. Off by default;
     off, a run computes exactly what it did without this section (docs/guide/systems.md)."""
@@ -388,6 +412,7 @@ class SystemsConfig(Section):
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     availability: AvailabilityConfig = Field(default_factory=AvailabilityConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
 
     @model_validator(mode="after")
     def _set_only_when_enabled(self) -> "SystemsConfig":

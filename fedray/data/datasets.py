@@ -140,7 +140,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         train, test, user_data = _load_user_data(cfg, seed)
         num_classes, vocab_size, default_augmentation, stats = user_data.num_classes, user_data.vocab_size, "none", None
     elif cfg.max_samples_per_client is not None:
-        raise ConfigError(f"data.max_samples_per_client: data.name={cfg.name} has no client ids")
+        raise ConfigError("data.max_samples_per_client", f"data.name={cfg.name} has no client ids", within=None)
     elif cfg.name == "digits":
         train, test = _load_digits(cfg.test_fraction, seed)
         num_classes, default_augmentation, stats = 10, "none", None
@@ -169,7 +169,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         train, test = train.subset(rest), train.subset(held)
     modality = train.modality
     if modality != "image" and cfg.augmentation == "crop_flip":
-        raise ConfigError(f"data.augmentation: crop_flip applies to images; data.name={cfg.name} has {modality}")
+        raise ConfigError("data.augmentation", f"crop_flip applies to images; data.name={cfg.name} has {modality}", within=None)
     if modality == "image":
         mean, std = stats if stats is not None else _channel_stats(train.x)
     elif modality == "features":
@@ -215,7 +215,7 @@ def _per_client_subset(train: ArrayDataset, cfg: DataConfig, seed: int) -> np.nd
     """Ascending indices of a seeded subset of at most ``data.max_samples_per_client`` samples of
     every client."""
     if train.client_ids is None:
-        raise ConfigError(f"data.max_samples_per_client: data.name={cfg.name} has no client ids (set data.client_column)")
+        raise ConfigError("data.max_samples_per_client", f"data.name={cfg.name} has no client ids (set data.client_column)", within=None)
     clients, _ = natural_clients(train.client_ids)
     rng = np.random.default_rng([seed, _HOLD_OUT_STREAMS["per_client"]])
     owner = np.repeat(np.arange(clients.num_clients), clients.sizes)
@@ -315,9 +315,11 @@ def _missing_files_error(name: str, directory: Path, expected: str, reason: Exce
         f"install Debian's package ({_SYSTEM_PACKAGES[name]}; files in {SYSTEM_DATA_DIRS[name]}), " if name in _SYSTEM_PACKAGES else ""
     )
     return ConfigError(
-        f"data.name={name}: dataset files not found or incomplete in {directory.resolve()} "
+        f"data.name={name}",
+        f"dataset files not found or incomplete in {directory.resolve()} "
         f"({reason}). Either {package}download them with --set data.download=true (needs "
-        f"internet), or place {expected} under data.root ({directory})."
+        f"internet), or place {expected} under data.root ({directory}).",
+        within=None,
     )
 
 
@@ -345,7 +347,7 @@ def _load_idx(name: str, source: _TorchvisionSource, root: Path, download: bool)
     try:
         return read_idx_split(directory, "train", source.num_classes), read_idx_split(directory, "test", source.num_classes)
     except IdxFormatError as error:
-        raise ConfigError(f"data.name={name}: {error}") from None
+        raise ConfigError(f"data.name={name}", str(error), within=None) from None
 
 
 def _load_torchvision(name: str, source: _TorchvisionSource, root: Path, download: bool) -> tuple[ArrayDataset, ArrayDataset]:
@@ -399,8 +401,10 @@ def _load_tiny_imagenet(root: Path, download: bool) -> tuple[ArrayDataset, Array
     wnids = (base / "wnids.txt").read_text().split()
     if sorted(wnids) != train_folder.classes:
         raise ConfigError(
-            f"data.name=tinyimagenet: the class folders of {base / 'train'} do not match "
-            f"{base / 'wnids.txt'} ({len(train_folder.classes)} folders, {len(wnids)} wnids)"
+            "data.name=tinyimagenet",
+            f"the class folders of {base / 'train'} do not match "
+            f"{base / 'wnids.txt'} ({len(train_folder.classes)} folders, {len(wnids)} wnids)",
+            within=None,
         )
     val_paths, val_labels = [], []
     for line in (val / "val_annotations.txt").read_text().splitlines():
@@ -413,9 +417,9 @@ def _load_tiny_imagenet(root: Path, download: bool) -> tuple[ArrayDataset, Array
         try:
             image = np.asarray(train_folder.loader(str(path)))  # RGB [H, W, 3]
         except (OSError, ValueError, SyntaxError) as error:  # PIL: unidentified, truncated or broken file
-            raise ConfigError(f"data.name=tinyimagenet: cannot read the image {path}: {error}") from None
+            raise ConfigError("data.name=tinyimagenet", f"cannot read the image {path}: {error}", within=None) from None
         if image.shape != (64, 64, 3):
-            raise ConfigError(f"data.name=tinyimagenet: {path} is {'×'.join(map(str, image.shape))}, expected 64×64×3")
+            raise ConfigError("data.name=tinyimagenet", f"{path} is {'×'.join(map(str, image.shape))}, expected 64×64×3", within=None)
         return image
 
     def read_images(paths: list) -> np.ndarray:

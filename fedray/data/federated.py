@@ -28,8 +28,10 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     if cfg.partition == "natural":
         if train.client_ids is None:
             raise ConfigError(
-                f"data.partition: natural needs the data's client ids, which data.name={cfg.name} does not have "
-                f"(a table's data.client_column, or UserData.client_ids_train)"
+                "data.partition",
+                f"natural needs the data's client ids, which data.name={cfg.name} does not have "
+                f"(a table's data.client_column, or UserData.client_ids_train)",
+                within=None,
             )
         clients, client_names = natural_partition(train.client_ids if owned is None else train.client_ids[owned], cfg)
     else:

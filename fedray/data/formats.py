@@ -120,7 +120,7 @@ def _decoded_image(source: str | bytes, mode: str, size: int | None, what: str) 
             image = image.convert(mode)
             if size is None:
                 if image.width != image.height:
-                    raise ConfigError(f"{what} is {image.width}×{image.height}, not square; set data.image_size")
+                    raise ConfigError(None, f"{what} is {image.width}×{image.height}, not square; set data.image_size", within=None)
                 size = image.width
             if image.size != (size, size):
                 image = image.resize((size, size), Image.Resampling.BILINEAR)
@@ -128,7 +128,7 @@ def _decoded_image(source: str | bytes, mode: str, size: int | None, what: str) 
     except ConfigError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # unidentified, truncated, broken
-        raise ConfigError(f"cannot read the image {what}: {error}") from None
+        raise ConfigError(None, f"cannot read the image {what}: {error}", within=None) from None
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
@@ -163,7 +163,7 @@ def decode_images(sources: list[str | bytes], image_size: int | None, describe: 
         with Image.open(io.BytesIO(sources[0]) if isinstance(sources[0], bytes) else sources[0]) as first:
             mode = "L" if first.mode in _GREY_MODES else "RGB"
     except (OSError, ValueError, SyntaxError) as error:
-        raise ConfigError(f"cannot read the image {describe(0)}: {error}") from None
+        raise ConfigError(None, f"cannot read the image {describe(0)}: {error}", within=None) from None
     first_image = _decoded_image(sources[0], mode, image_size, describe(0))
     size = first_image.shape[-1]
     images = np.empty((len(sources), *first_image.shape), dtype=np.uint8)
@@ -194,8 +194,10 @@ def load_image_folder(cfg: DataConfig) -> UserData:
 
     if cfg.client_column is not None:
         raise ConfigError(
-            "data.client_column: an image folder has no columns; for a natural partition of images use "
-            "data.name=table with data.image_column and data.client_column"
+            "data.client_column",
+            "an image folder has no columns; for a natural partition of images use "
+            "data.name=table with data.image_column and data.client_column",
+            within=None,
         )
     root = existing_path(cfg.path, "data.path", cfg.name, directory=True)
     train_dir, test_dir = root, None
@@ -206,17 +208,21 @@ def load_image_folder(cfg: DataConfig) -> UserData:
     try:
         classes, class_to_idx = find_classes(str(train_dir))
     except FileNotFoundError as error:
-        raise ConfigError(f"data.path: {train_dir} has no class folders ({error})") from None
+        raise ConfigError("data.path", f"{train_dir} has no class folders ({error})", within=None) from None
     splits = {"train": make_dataset(str(train_dir), class_to_idx, IMG_EXTENSIONS, allow_empty=True)}
     if test_dir is not None:
         unknown = sorted({entry.name for entry in test_dir.iterdir() if entry.is_dir()} - set(classes))
         if unknown:
-            raise ConfigError(f"data.test_path: the class folder(s) {', '.join(unknown)} of {test_dir} are not in {train_dir}")
+            raise ConfigError(
+                "data.test_path", f"the class folder(s) {', '.join(unknown)} of {test_dir} are not in {train_dir}", within=None
+            )
         splits["test"] = make_dataset(str(test_dir), class_to_idx, IMG_EXTENSIONS, allow_empty=True)
     for split, samples in splits.items():
         if not samples:
             raise ConfigError(
-                f"data.path: no image files ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir if split == 'train' else test_dir}"
+                "data.path",
+                f"no image files ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir if split == 'train' else test_dir}",
+                within=None,
             )
     stamps = {split: [_file_stamp(Path(path)) for path, _ in samples] for split, samples in splits.items()}
 
@@ -238,14 +244,14 @@ def load_image_folder(cfg: DataConfig) -> UserData:
 def existing_path(value: str | None, key: str, name: str, directory: bool = False) -> Path:
     """``value`` as a path that exists (a directory if ``directory``); a ConfigError naming ``key``."""
     if value is None:
-        raise ConfigError(f"{key} is required for data.name={name}")
+        raise ConfigError(None, f"{key} is required for data.name={name}", within=None)
     path = Path(value)
     if not path.exists():
-        raise ConfigError(f"{key}: {value} does not exist")
+        raise ConfigError(key, f"{value} does not exist", within=None)
     if directory and not path.is_dir():
-        raise ConfigError(f"{key}: {value} is not a directory")
+        raise ConfigError(key, f"{value} is not a directory", within=None)
     if not directory and path.is_dir():
-        raise ConfigError(f"{key}: {value} is a directory, not a file")
+        raise ConfigError(key, f"{value} is a directory, not a file", within=None)
     return path
 
 
@@ -266,7 +272,9 @@ def load_table(cfg: DataConfig) -> UserData:
         client_ids = _column(train, cfg.client_column, "data.client_column", train_path)
         if client_ids.null_count:
             raise ConfigError(
-                f"data.client_column: column {cfg.client_column!r} of {train_path} has {client_ids.null_count} missing values"
+                "data.client_column",
+                f"column {cfg.client_column!r} of {train_path} has {client_ids.null_count} missing values",
+                within=None,
             )
         client_ids = client_ids.to_numpy(zero_copy_only=False)
         client_ids = client_ids.astype(str) if client_ids.dtype == object else client_ids
@@ -303,18 +311,21 @@ def _read_saved_hf_dataset(path: Path) -> tuple[dict[str, Any], dict[str, tuple[
         import datasets
     except ImportError:
         raise ConfigError(
-            f"data.path: {path} is a Hugging Face dataset saved with save_to_disk; reading it needs the datasets "
-            "package: pip install 'fedray[hf]'"
+            "data.path",
+            f"{path} is a Hugging Face dataset saved with save_to_disk; reading it needs the datasets package: pip install 'fedray[hf]'",
+            within=None,
         ) from None
     try:
         saved = datasets.load_from_disk(str(path))
     except (OSError, ValueError) as error:  # FileNotFoundError included: a damaged or partial save
         raise ConfigError(
-            f"data.path: cannot read the saved dataset {path}: {(str(error).splitlines() or [type(error).__name__])[0][:300]}"
+            "data.path",
+            f"cannot read the saved dataset {path}: {(str(error).splitlines() or [type(error).__name__])[0][:300]}",
+            within=None,
         ) from None
     if isinstance(saved, datasets.DatasetDict):
         if "train" not in saved:
-            raise ConfigError(f"data.path: the saved dataset {path} has the splits {', '.join(saved)}, none named 'train'")
+            raise ConfigError("data.path", f"the saved dataset {path} has the splits {', '.join(saved)}, none named 'train'", within=None)
         splits = {split: (saved[split], path / split) for split in ("train", "test") if split in saved}
     else:
         splits = {"train": (saved, path)}
@@ -330,18 +341,18 @@ def _read_table(path: Path, key: str) -> Any:
 
     suffix = path.suffix.lower()
     if suffix not in _TABLE_SUFFIXES:
-        raise ConfigError(f"{key}: {path} is not a table file ({', '.join(_TABLE_SUFFIXES)})")
+        raise ConfigError(key, f"{path} is not a table file ({', '.join(_TABLE_SUFFIXES)})", within=None)
     try:
         return pa_csv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
     except (pa.ArrowException, OSError) as error:  # ArrowInvalid: e.g. rows with different numbers of columns
         message = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        raise ConfigError(f"{key}: cannot read {path}: {message}") from None
+        raise ConfigError(key, f"cannot read {path}: {message}", within=None) from None
 
 
 def _column(table: Any, name: str, key: str, path: Path) -> Any:
     """Column ``name`` of ``table`` as one pyarrow Array; a ConfigError naming ``key`` if absent."""
     if name not in table.column_names:
-        raise ConfigError(f"{key}: no column {name!r} in {path} (columns: {', '.join(table.column_names)})")
+        raise ConfigError(key, f"no column {name!r} in {path} (columns: {', '.join(table.column_names)})", within=None)
     return table.column(name).combine_chunks()
 
 
@@ -350,9 +361,9 @@ def _labels(table: Any, name: str, path: Path) -> np.ndarray:
 
     column = _column(table, name, "data.label_column", path)
     if not pa.types.is_integer(column.type):
-        raise ConfigError(f"data.label_column: labels must be integers; column {name!r} of {path} holds {column.type}")
+        raise ConfigError("data.label_column", f"labels must be integers; column {name!r} of {path} holds {column.type}", within=None)
     if column.null_count:
-        raise ConfigError(f"data.label_column: column {name!r} of {path} has {column.null_count} missing labels")
+        raise ConfigError("data.label_column", f"column {name!r} of {path} has {column.null_count} missing labels", within=None)
     return column.to_numpy()
 
 
@@ -372,9 +383,13 @@ def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tupl
         if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
             column = column.field("bytes")  # Hugging Face datasets' Image feature
         if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-            raise ConfigError(f"data.image_column: column {cfg.image_column!r} of {path} holds {column.type}, not encoded image bytes")
+            raise ConfigError(
+                "data.image_column", f"column {cfg.image_column!r} of {path} holds {column.type}, not encoded image bytes", within=None
+            )
         if column.null_count:
-            raise ConfigError(f"data.image_column: column {cfg.image_column!r} of {path} has {column.null_count} missing images")
+            raise ConfigError(
+                "data.image_column", f"column {cfg.image_column!r} of {path} has {column.null_count} missing images", within=None
+            )
         return column.to_pylist()
 
     def decode() -> dict[str, np.ndarray]:
@@ -410,36 +425,46 @@ def _pixel_arrays(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
 
     where = f"data.image_column: column {cfg.image_column!r} of {path}"
     if column.null_count:
-        raise ConfigError(f"{where} has {column.null_count} missing images")
+        raise ConfigError(None, f"{where} has {column.null_count} missing images", within=None)
     shape, values = [], column
     while _is_list(values.type):
         lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():
             raise ConfigError(
-                f"{where}: rows hold {int(lengths.min())} to {int(lengths.max())} values at depth {len(shape) + 1}; every image must have one shape"
+                where,
+                f"rows hold {int(lengths.min())} to {int(lengths.max())} values at depth {len(shape) + 1}; every image must have one shape",
+                within=None,
             )
         shape.append(int(lengths[0]) if len(lengths) else 0)
         values = values.flatten()
     if not pa.types.is_integer(values.type):
-        raise ConfigError(f"{where} holds lists of {values.type}; pixel arrays must be integers 0..255 (or encoded image bytes)")
+        raise ConfigError(
+            None, f"{where} holds lists of {values.type}; pixel arrays must be integers 0..255 (or encoded image bytes)", within=None
+        )
     pixels = values.to_numpy(zero_copy_only=False)
     if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
-        raise ConfigError(f"{where} holds pixel values from {pixels.min()} to {pixels.max()}; they must be 0..255")
+        raise ConfigError(None, f"{where} holds pixel values from {pixels.min()} to {pixels.max()}; they must be 0..255", within=None)
     if len(shape) == 1:
         size = cfg.image_size
         if size is None or shape[0] % (size * size):
             raise ConfigError(
-                f"{where} holds flat rows of {shape[0]} values: set data.image_size to their square side (C·side² values a row)"
+                None,
+                f"{where} holds flat rows of {shape[0]} values: set data.image_size to their square side (C·side² values a row)",
+                within=None,
             )
         shape = [shape[0] // (size * size), size, size]
     elif len(shape) == 2:
         shape = [1, *shape]
     elif len(shape) != 3:
-        raise ConfigError(f"{where} nests lists {len(shape)} deep; an image row is flat, [H, W] or [C, H, W]")
+        raise ConfigError(None, f"{where} nests lists {len(shape)} deep; an image row is flat, [H, W] or [C, H, W]", within=None)
     if shape[1] != shape[2]:
-        raise ConfigError(f"{where} holds {shape[1]}×{shape[2]} images, not square")
+        raise ConfigError(None, f"{where} holds {shape[1]}×{shape[2]} images, not square", within=None)
     if cfg.image_size is not None and shape[1] != cfg.image_size:
-        raise ConfigError(f"{where} holds {shape[1]}×{shape[2]} pixel arrays; data.image_size={cfg.image_size} resizes encoded images only")
+        raise ConfigError(
+            None,
+            f"{where} holds {shape[1]}×{shape[2]} pixel arrays; data.image_size={cfg.image_size} resizes encoded images only",
+            within=None,
+        )
     return pixels.astype(np.uint8).reshape(len(column), *shape)
 
 
@@ -459,10 +484,12 @@ def _pixel_bytes(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     fastest layout to load (Parquet reads it without per-value decoding)."""
     where = f"data.image_column: column {cfg.image_column!r} of {path}"
     if column.null_count:
-        raise ConfigError(f"{where} has {column.null_count} missing images")
+        raise ConfigError(None, f"{where} has {column.null_count} missing images", within=None)
     width, size = column.type.byte_width, cfg.image_size
     if size is None or width % (size * size):
-        raise ConfigError(f"{where} holds rows of {width} raw bytes: set data.image_size to their square side (C·side² bytes a row)")
+        raise ConfigError(
+            None, f"{where} holds rows of {width} raw bytes: set data.image_size to their square side (C·side² bytes a row)", within=None
+        )
     pixels = np.frombuffer(column.buffers()[1], dtype=np.uint8, count=len(column) * width, offset=column.offset * width)
     return pixels.reshape(len(column), width // (size * size), size, size).copy()
 
@@ -485,7 +512,9 @@ def _table_sequences(
     for split, column in columns.items():
         path = paths[split][0]
         if column.null_count:
-            raise ConfigError(f"data.sequence_column: column {cfg.sequence_column!r} of {path} has {column.null_count} missing values")
+            raise ConfigError(
+                "data.sequence_column", f"column {cfg.sequence_column!r} of {path} has {column.null_count} missing values", within=None
+            )
         if vocab_size is not None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             sequences[split] = [encode_characters(text, alphabet) for text in column.to_pylist()]
         elif (
@@ -498,7 +527,9 @@ def _table_sequences(
             sequences[split] = np.split(values, np.cumsum(lengths)[:-1])
         else:
             raise ConfigError(
-                f"data.sequence_column: column {cfg.sequence_column!r} of {path} holds {column.type}; expected lists of integers or text (like the training file's)"
+                "data.sequence_column",
+                f"column {cfg.sequence_column!r} of {path} holds {column.type}; expected lists of integers or text (like the training file's)",
+                within=None,
             )
     longest = max(len(sequence) for split_sequences in sequences.values() for sequence in split_sequences)
     seq_len = cfg.seq_len if cfg.seq_len is not None else longest
@@ -507,7 +538,9 @@ def _table_sequences(
         lengths = np.array([len(sequence) for sequence in split_sequences])
         if (lengths > seq_len).any():
             row = int(np.argmax(lengths > seq_len))
-            raise ConfigError(f"data.seq_len: row {row} of {paths[split][0]} has {lengths[row]} tokens, more than data.seq_len={seq_len}")
+            raise ConfigError(
+                "data.seq_len", f"row {row} of {paths[split][0]} has {lengths[row]} tokens, more than data.seq_len={seq_len}", within=None
+            )
         array = np.full((len(split_sequences), seq_len), PAD_ID, dtype=np.int64)
         filled = np.arange(seq_len) >= (seq_len - lengths)[:, None]  # left padding: the tokens end the row
         array[filled] = np.concatenate(split_sequences) if split_sequences else []
@@ -531,7 +564,9 @@ def _table_features(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tu
             if field.name not in excluded and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))
         ]
         if not names:
-            raise ConfigError(f"data.feature_columns: {paths['train'][0]} has no numeric column besides the label (and client) column")
+            raise ConfigError(
+                "data.feature_columns", f"{paths['train'][0]} has no numeric column besides the label (and client) column", within=None
+            )
     features = {}
     for split, table in tables.items():
         path = paths[split][0]
@@ -539,7 +574,7 @@ def _table_features(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tu
         for name in names:
             column = _column(table, name, "data.feature_columns", path)
             if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-                raise ConfigError(f"data.feature_columns: column {name!r} of {path} holds {column.type}, not numbers")
+                raise ConfigError("data.feature_columns", f"column {name!r} of {path} holds {column.type}, not numbers", within=None)
             columns.append(column.to_numpy(zero_copy_only=False).astype(np.float32))
         features[split] = np.stack(columns, axis=1)
     return features

@@ -39,9 +39,11 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
     num_samples, num_clients = int(labels.shape[0]), cfg.num_clients
     if num_clients > num_samples:
         raise ConfigError(
+            None,
             f"data.num_clients (K={num_clients}) exceeds the number of training samples "
             f"(N={num_samples}) of dataset {cfg.name!r}: every client needs at least one sample; "
-            f"lower data.num_clients"
+            f"lower data.num_clients",
+            within=None,
         )
     if cfg.partition == "iid":
         return _iid(num_samples, num_clients, np.random.default_rng(seed))
@@ -53,7 +55,7 @@ def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPa
         return _shards(labels, num_clients, cfg.classes_per_client, np.random.default_rng(seed))
     if cfg.partition == "quantity":
         return _quantity(num_samples, num_clients, cfg.quantity_sigma, np.random.default_rng(seed))
-    raise ConfigError(f"data.partition: unknown partition {cfg.partition!r}")
+    raise ConfigError("data.partition", f"unknown partition {cfg.partition!r}", within=None)
 
 
 def natural_clients(client_ids: np.ndarray) -> tuple[ClientPartition, np.ndarray]:
@@ -69,9 +71,11 @@ def natural_partition(client_ids: np.ndarray, cfg: DataConfig) -> tuple[ClientPa
     clients, names = natural_clients(client_ids)
     if clients.num_clients != cfg.num_clients:
         raise ConfigError(
-            f"data.num_clients: data.partition=natural gives one client per client id and data.name={cfg.name} "
+            "data.num_clients",
+            f"data.partition=natural gives one client per client id and data.name={cfg.name} "
             f"has {clients.num_clients} in its training set; set data.num_clients={clients.num_clients} "
-            f"(and train.clients_per_round to at most that)"
+            f"(and train.clients_per_round to at most that)",
+            within=None,
         )
     return clients, tuple(str(name) for name in names)
 
@@ -168,9 +172,11 @@ def _shards(labels: np.ndarray, num_clients: int, classes_per_client: int, rng: 
     num_shards = num_clients * classes_per_client
     if num_shards < int(present.sum()):
         raise ConfigError(
-            f"data.partition=shards: data.num_clients × data.classes_per_client "
+            "data.partition=shards",
+            "data.num_clients × data.classes_per_client "
             f"({num_clients} × {classes_per_client} = {num_shards}) must be at least the number "
-            f"of classes ({int(present.sum())}) so that every class is dealt out"
+            f"of classes ({int(present.sum())}) so that every class is dealt out",
+            within=None,
         )
     shards_per_class = np.zeros_like(class_counts)
     shards_per_class[present] = _apportion(num_shards, class_counts[present].astype(np.float64), 1, class_counts[present])
@@ -211,8 +217,10 @@ def _dirichlet(
     """
     if num_clients * min_samples > labels.shape[0]:
         raise ConfigError(
+            None,
             f"data.min_samples_per_client ({min_samples}) × data.num_clients ({num_clients}) "
-            f"exceeds the number of training samples ({labels.shape[0]})"
+            f"exceeds the number of training samples ({labels.shape[0]})",
+            within=None,
         )
     by_class, class_counts = _class_segments(labels, rng)
     concentration = np.full(num_clients, alpha)
@@ -295,9 +303,11 @@ def _dirichlet_equal_size(labels: np.ndarray, num_clients: int, alpha: float, im
     """
     if num_clients < _WORKERS_PER_CHUNK:
         raise ConfigError(
+            None,
             f"data.partition=dirichlet_equal_size needs data.num_clients >= {_WORKERS_PER_CHUNK} "
             f"(the official procedure asserts K >= 10), got {num_clients}; use "
-            f"data.partition=dirichlet for fewer clients"
+            f"data.partition=dirichlet for fewer clients",
+            within=None,
         )
     if imbalance_ratio > 1:
         used = _long_tail_subset(labels, imbalance_ratio, seed)
@@ -305,8 +315,10 @@ def _dirichlet_equal_size(labels: np.ndarray, num_clients: int, alpha: float, im
         used = np.arange(labels.shape[0])
     if num_clients > used.shape[0]:
         raise ConfigError(
+            None,
             f"data.num_clients (K={num_clients}) exceeds the number of training samples left after "
-            f"the long tail of data.imbalance_ratio={imbalance_ratio} (N={used.shape[0]})"
+            f"the long tail of data.imbalance_ratio={imbalance_ratio} (N={used.shape[0]})",
+            within=None,
         )
     num_classes = int(labels.max()) + 1
     random_state = np.random.RandomState(seed)

@@ -58,18 +58,22 @@ def load_user_reference(reference: str) -> UserData:
     source = f"data.name={reference}"
     factory = import_reference(reference, "data.name")
     if not callable(factory):
-        raise ConfigError(f"{source}: {type(factory).__name__} is not callable; name a function or class returning fedray.data.UserData")
+        raise ConfigError(
+            source, f"{type(factory).__name__} is not callable; name a function or class returning fedray.data.UserData", within=None
+        )
     try:
         returned = factory()
     except ConfigError:
         raise
     except Exception as error:  # the user's code failing is a bad input, not a fedray crash
-        raise ConfigError(f"{source}: raised {type(error).__name__}: {_first_line(error)}") from None
+        raise ConfigError(source, f"raised {type(error).__name__}: {_first_line(error)}", within=None) from None
     if isinstance(returned, tuple) and len(returned) == 2 and not isinstance(returned[0], np.ndarray):
         returned = materialize_torch_datasets(returned[0], returned[1], source)
     if not isinstance(returned, UserData):
         raise ConfigError(
-            f"{source}: returned {type(returned).__name__}; expected fedray.data.UserData or a (train, test) pair of torch datasets"
+            source,
+            f"returned {type(returned).__name__}; expected fedray.data.UserData or a (train, test) pair of torch datasets",
+            within=None,
         )
     return checked_user_data(returned, source)
 
@@ -87,9 +91,11 @@ def materialize_torch_datasets(train: Any, test: Any, source: str) -> UserData:
         try:
             items = [dataset[i] for i in range(len(dataset))]
         except Exception as error:
-            raise ConfigError(f"{source}: reading the {split} dataset raised {type(error).__name__}: {_first_line(error)}") from None
+            raise ConfigError(
+                source, f"reading the {split} dataset raised {type(error).__name__}: {_first_line(error)}", within=None
+            ) from None
         if not items:
-            raise ConfigError(f"{source}: the {split} dataset is empty")
+            raise ConfigError(source, f"the {split} dataset is empty", within=None)
         inputs = np.stack([_sample_array(x) for x, _ in items])
         labels = np.asarray([int(y) for _, y in items])
         return inputs, labels
@@ -118,9 +124,9 @@ def checked_user_data(data: UserData, source: str) -> UserData:
     one-line :class:`ConfigError` starting with ``source`` for any bad input."""
     modality = data.modality or _infer_modality(data.x_train, source)
     if modality not in MODALITIES:
-        raise ConfigError(f"{source}: modality {modality!r} is not one of {', '.join(MODALITIES)}")
+        raise ConfigError(source, f"modality {modality!r} is not one of {', '.join(MODALITIES)}", within=None)
     if (data.x_test is None) != (data.y_test is None):
-        raise ConfigError(f"{source}: give both x_test and y_test, or neither")
+        raise ConfigError(source, "give both x_test and y_test, or neither", within=None)
     splits = {"train": (data.x_train, data.y_train)}
     if data.x_test is not None:
         splits["test"] = (data.x_test, data.y_test)
@@ -128,33 +134,37 @@ def checked_user_data(data: UserData, source: str) -> UserData:
     for split, (x, y) in splits.items():
         x, y = np.asarray(x), np.asarray(y)
         if x.shape[:1] != y.shape or y.ndim != 1:
-            raise ConfigError(f"{source}: x_{split} has {len(x)} rows but y_{split} has shape {y.shape}; they must have the same length")
+            raise ConfigError(
+                source, f"x_{split} has {len(x)} rows but y_{split} has shape {y.shape}; they must have the same length", within=None
+            )
         if len(y) == 0:
-            raise ConfigError(f"{source}: the {split} split is empty")
+            raise ConfigError(source, f"the {split} split is empty", within=None)
         converted[split] = (_inputs_of(x, modality, f"{source}: x_{split}"), _labels_of(y, f"{source}: y_{split}"))
     x_train = converted["train"][0]
     for split, (x, _) in converted.items():
         if x.shape[1:] != x_train.shape[1:]:
-            raise ConfigError(f"{source}: x_{split} samples have shape {x.shape[1:]}, x_train samples {x_train.shape[1:]}")
+            raise ConfigError(source, f"x_{split} samples have shape {x.shape[1:]}, x_train samples {x_train.shape[1:]}", within=None)
     client_ids = data.client_ids_train
     if client_ids is not None:
         client_ids = np.asarray(client_ids)
         if client_ids.shape != converted["train"][1].shape:
             raise ConfigError(
-                f"{source}: client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length"
+                source,
+                f"client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length",
+                within=None,
             )
         if client_ids.dtype == object and any(value is None for value in client_ids):
-            raise ConfigError(f"{source}: client_ids_train has missing values")
+            raise ConfigError(source, "client_ids_train has missing values", within=None)
     num_classes = data.num_classes if data.num_classes is not None else int(converted["train"][1].max()) + 1
     problem = label_range_problem(np.concatenate([y for _, y in converted.values()]), num_classes)
     if problem is not None:
-        raise ConfigError(f"{source}: {problem}")
+        raise ConfigError(source, problem, within=None)
     vocab_size = None
     if modality == "tokens":
         largest_id = max(int(x.max()) for x, _ in converted.values())
         vocab_size = data.vocab_size if data.vocab_size is not None else largest_id + 1
         if largest_id >= vocab_size:
-            raise ConfigError(f"{source}: token id {largest_id} is out of range for a vocabulary of {vocab_size}")
+            raise ConfigError(source, f"token id {largest_id} is out of range for a vocabulary of {vocab_size}", within=None)
     test = converted.get("test", (None, None))
     return replace(
         data,
@@ -188,8 +198,10 @@ def _infer_modality(x: Any, source: str) -> str:
     if x.ndim == 2 and np.issubdtype(x.dtype, np.floating):
         return "features"
     raise ConfigError(
-        f"{source}: x_train is {x.dtype} {x.shape}; expected uint8 [N, C, H, W] images, integer [N, T] "
-        f"tokens or float [N, D] features (or set modality)"
+        source,
+        f"x_train is {x.dtype} {x.shape}; expected uint8 [N, C, H, W] images, integer [N, T] "
+        f"tokens or float [N, D] features (or set modality)",
+        within=None,
     )
 
 
@@ -197,32 +209,34 @@ def _inputs_of(x: np.ndarray, modality: str, what: str) -> np.ndarray:
     """``x`` in ``modality``'s array form, checked."""
     if modality == "image":
         if x.dtype != np.uint8 or x.ndim != 4:
-            raise ConfigError(f"{what}: images must be uint8 [N, C, H, W], got {x.dtype} {x.shape}")
+            raise ConfigError(what, f"images must be uint8 [N, C, H, W], got {x.dtype} {x.shape}", within=None)
         return np.ascontiguousarray(x)
     if x.ndim != 2:
-        raise ConfigError(f"{what}: {modality} must be a 2-d array [N, {'T' if modality == 'tokens' else 'D'}], got shape {x.shape}")
+        raise ConfigError(
+            what, f"{modality} must be a 2-d array [N, {'T' if modality == 'tokens' else 'D'}], got shape {x.shape}", within=None
+        )
     if modality == "tokens":
         if not np.issubdtype(x.dtype, np.integer):
-            raise ConfigError(f"{what}: token ids must be integers, got {x.dtype}")
+            raise ConfigError(what, f"token ids must be integers, got {x.dtype}", within=None)
         if x.size and int(x.min()) < 0:
-            raise ConfigError(f"{what}: token ids must be >= 0, got {int(x.min())}")
+            raise ConfigError(what, f"token ids must be >= 0, got {int(x.min())}", within=None)
         return np.ascontiguousarray(x, dtype=np.int64)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise ConfigError(f"{what}: features must be numbers, got {x.dtype}")
+        raise ConfigError(what, f"features must be numbers, got {x.dtype}", within=None)
     features = np.ascontiguousarray(x, dtype=np.float32)
     bad = ~np.isfinite(features)
     if bad.any():
         row, column = (int(i) for i in np.argwhere(bad)[0])
-        raise ConfigError(f"{what}: {int(bad.sum())} NaN or infinite feature value(s), the first in row {row}, column {column}")
+        raise ConfigError(what, f"{int(bad.sum())} NaN or infinite feature value(s), the first in row {row}, column {column}", within=None)
     return features
 
 
 def _labels_of(y: np.ndarray, what: str) -> np.ndarray:
     """Labels as int64, checked to be integers >= 0."""
     if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
-        raise ConfigError(f"{what}: labels must be integers, got {y.dtype}")
+        raise ConfigError(what, f"labels must be integers, got {y.dtype}", within=None)
     if int(y.min()) < 0:
-        raise ConfigError(f"{what}: label {int(y.min())} is out of range (labels must be >= 0)")
+        raise ConfigError(what, f"label {int(y.min())} is out of range (labels must be >= 0)", within=None)
     return y.astype(np.int64)
 
 

@@ -52,10 +52,6 @@ if TYPE_CHECKING:
     from fedray.data.base import DatasetInfo
 
 
-def _error(key: str, message: str) -> ConfigError:
-    return ConfigError(f"invalid config:\n  {key}: {message}")
-
-
 def model_factory(name: str) -> Callable[..., nn.Module]:
     """The class or function ``model.name`` names (torchvision's builder function for
     ``torchvision:NAME``); raises :class:`ConfigError` naming ``model.name``."""
@@ -64,9 +60,9 @@ def model_factory(name: str) -> Callable[..., nn.Module]:
         try:
             import torchvision.models
         except ImportError:
-            raise _error("model.name", f"{name} needs torchvision, which is not installed (pip install torchvision)") from None
+            raise ConfigError("model.name", f"{name} needs torchvision, which is not installed (pip install torchvision)") from None
         if architecture not in torchvision.models.list_models(module=torchvision.models):
-            raise _error(
+            raise ConfigError(
                 "model.name",
                 f"{architecture!r} is not a torchvision classification model (e.g. resnet18, mobilenet_v3_small; "
                 "torchvision.models.list_models(module=torchvision.models) lists them)",
@@ -74,7 +70,7 @@ def model_factory(name: str) -> Callable[..., nn.Module]:
         return torchvision.models.get_model_builder(architecture)
     factory = import_reference(name, "model.name")
     if not callable(factory):
-        raise _error("model.name", f"{name} is a {type(factory).__name__}, not an nn.Module class or a function returning one")
+        raise ConfigError("model.name", f"{name} is a {type(factory).__name__}, not an nn.Module class or a function returning one")
     return factory
 
 
@@ -107,9 +103,9 @@ def build_external_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
     grey_to_rgb = False
     if cfg.name.startswith(TORCHVISION_PREFIX):
         if info.modality != "image" or info.channels not in (1, 3):
-            raise _error("model.name", f"torchvision models take 3-channel (or 1-channel, repeated) images, not {info.describe()}")
+            raise ConfigError("model.name", f"torchvision models take 3-channel (or 1-channel, repeated) images, not {info.describe()}")
         if "weights" in cfg.kwargs:
-            raise _error(
+            raise ConfigError(
                 "model.kwargs",
                 "weights: fedray builds torchvision models untrained (no download); load a state_dict with model.init",
             )
@@ -122,17 +118,17 @@ def build_external_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
         module = factory(**arguments)
     except Exception as error:  # the user's constructor: any failure is a bad model config
         call = f"{cfg.name}({', '.join(arguments)})"
-        raise _error("model.name", f"{call} raised {short_repr(error, 300)}") from None
+        raise ConfigError("model.name", f"{call} raised {short_repr(error, 300)}") from None
     if not isinstance(module, nn.Module):
-        raise _error("model.name", f"{cfg.name} returned a {type(module).__name__}, not a torch.nn.Module")
+        raise ConfigError("model.name", f"{cfg.name} returned a {type(module).__name__}, not a torch.nn.Module")
     if isinstance(module, FedModel):
         if cfg.classifier is not None:
-            raise _error("model.classifier", f"{cfg.name} builds a fedray.FedModel, which names its own classifier")
+            raise ConfigError("model.classifier", f"{cfg.name} builds a fedray.FedModel, which names its own classifier")
         return module
     try:
         return WrappedModule(module, cfg.classifier, grey_to_rgb=grey_to_rgb)
     except ValueError as error:
-        raise _error("model.name" if cfg.classifier is None else "model.classifier", str(error)) from None
+        raise ConfigError("model.name" if cfg.classifier is None else "model.classifier", str(error)) from None
 
 
 def load_initial_weights(model: FedModel, path: str) -> None:
@@ -146,11 +142,11 @@ def load_initial_weights(model: FedModel, path: str) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise _error("model.init", f"no file {path}") from None
+        raise ConfigError("model.init", f"no file {path}") from None
     except Exception as error:  # pickle errors, or an object weights_only refuses to load
-        raise _error("model.init", f"cannot load {path} with torch.load(weights_only=True): {short_repr(error, 300)}") from None
+        raise ConfigError("model.init", f"cannot load {path} with torch.load(weights_only=True): {short_repr(error, 300)}") from None
     if not isinstance(state, Mapping) or not all(isinstance(value, torch.Tensor) for value in state.values()):
-        raise _error("model.init", f"{path} holds a {type(state).__name__}, not a state_dict (a mapping of names to tensors)")
+        raise ConfigError("model.init", f"{path} holds a {type(state).__name__}, not a state_dict (a mapping of names to tensors)")
     candidates = [dict(state)]
     if isinstance(model, WrappedModule):
         candidates.append(model.keyed_as_wrapped(dict(state)))  # saved from the user's own module
@@ -166,7 +162,7 @@ def load_initial_weights(model: FedModel, path: str) -> None:
         f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape of", mismatched)) if keys
     ]
     if problems:
-        raise _error("model.init", f"{path} does not fit model {type(model).__name__}: " + "; ".join(problems))
+        raise ConfigError("model.init", f"{path} does not fit model {type(model).__name__}: " + "; ".join(problems))
     model.load_state_dict(state, strict=False)
 
 

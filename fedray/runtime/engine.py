@@ -34,6 +34,7 @@ from fedray.runtime.worker import ClientTask, build_algorithm
 from fedray.seeding import sample_cohort
 from fedray.systems import SystemsModel
 from fedray.systems.clock import payload_bytes
+from fedray.systems.compression import keeps_client_state
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class RoundEngine:
         """The broadcast for ``round``, shared with the pool once."""
         if self.shared_broadcast is None or self.broadcast_round != round:
             self.plain_broadcast = self.algorithm.broadcast(self.state, round)
+            if self.upload_path is not None:  # adaptive clipping: the round's clip bound travels with it
+                self.plain_broadcast = self.upload_path.broadcast(self.plain_broadcast)
             self.shared_broadcast = self.pool.share(self.plain_broadcast)
             self.broadcast_round = round
         return self.shared_broadcast
@@ -140,7 +143,8 @@ class RoundEngine:
         # which clients a worker sums changes only the float64 rounding of the sums, which has not
         # reached a float32 result in any run measured (docs/performance.md); stickiness pays only
         # where a worker caches client state
-        assignment = assign_clients(cohort, self.client_costs[cohort], self.pool.size, sticky=self.algorithm.keeps_client_state)
+        sticky = keeps_client_state(self.config, type(self.algorithm))
+        assignment = assign_clients(cohort, self.client_costs[cohort], self.pool.size, sticky=sticky)
         partials: list[PartialResult | None] = self._on_clients("run_clients", round, assignment, self.broadcast(round))
         results = merge_partials([p for p in partials if p is not None])
         if self.upload_path is not None:

@@ -26,7 +26,7 @@ from fedray.algorithms.requirements import is_personalised
 from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.data import FederatedDataset, build_federated_dataset
-from fedray.layout import RUN_INFO_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, list_checkpoints
+from fedray.layout import RUN_INFO_FILE, SAVED_CONFIG_FILE, STOPPED_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, UserCodeError, first_line, innermost_cause
@@ -37,6 +37,7 @@ from fedray.runtime.ray_start import check_address, check_gpu_available, check_l
 from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
 from fedray.runtime.state_store import (
     ClientStateError,
+    ClientStateIOError,
     ClientStateStore,
     LocationClaim,
     claim_location,
@@ -46,6 +47,7 @@ from fedray.runtime.state_store import (
 )
 from fedray.runtime.user_code import user_callbacks
 from fedray.runtime.worker import build_algorithm
+from fedray.systems.compression import keeps_client_state
 from fedray.tracking import (
     Callback,
     HealthMonitor,
@@ -123,14 +125,15 @@ def new_run_dir(config: RunConfig) -> Path:
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
     existing = next(path for path in (root, *root.absolute().parents) if path.exists())
     if not existing.is_dir():
-        raise ConfigError(f"invalid config:\n  output.dir: {existing} is a file, not a directory")
+        raise ConfigError("output.dir", f"{existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"invalid config:\n  output.dir: cannot create or write {root} (no permission on {existing})")
+        raise ConfigError("output.dir", f"cannot create or write {root} (no permission on {existing})")
     run_dir = root / name
     if config.output.name is not None and run_dir.exists():
         raise ConfigError(
-            f"invalid config:\n  output.name: the run directory {run_dir} already exists; choose another "
-            f"output.name, delete it, or continue it with `fedray run --resume {run_dir}`"
+            "output.name",
+            f"the run directory {run_dir} already exists; choose another "
+            f"output.name, delete it, or continue it with `fedray run --resume {run_dir}`",
         )
     suffix = 1
     while run_dir.exists():
@@ -153,7 +156,7 @@ def claim_new_run_dir(config: RunConfig) -> tuple[Path, list[Path]]:
         except FileExistsError:
             continue  # another run took it since new_run_dir looked
         except OSError as error:  # e.g. under /proc, or a read-only mount that os.access did not tell
-            raise ConfigError(f"invalid config:\n  output.dir: cannot create {run_dir} ({error.strerror or error})") from None
+            raise ConfigError("output.dir", f"cannot create {run_dir} ({error.strerror or error})") from None
         return run_dir, [run_dir, *new_parents]
 
 
@@ -176,32 +179,30 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         except ConfigError:
             raise
         except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
-            raise ConfigError(f"invalid config:\n  data: {first_line(error)}") from None
+            raise ConfigError("data", first_line(error)) from None
     if config.data.partition == "shards" and config.data.classes_per_client > data.info.num_classes:
         raise ConfigError(
-            f"invalid config:\n  data.classes_per_client: {config.data.classes_per_client} is more than the "
-            f"{data.info.num_classes} classes of {config.data.name}"
+            "data.classes_per_client",
+            f"{config.data.classes_per_client} is more than the {data.info.num_classes} classes of {config.data.name}",
         )
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
         raise ConfigError(
-            f"invalid config:\n  data.num_clients: {empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition"
+            "data.num_clients", f"{empty} of {data.num_clients} clients got no training samples; use fewer clients or another partition"
         )
     try:
         algorithm = build_algorithm(config, data)
     except ConfigError:
         raise
     except ValueError as error:
-        raise ConfigError(f"invalid config:\n  {first_line(error)}") from None
+        raise ConfigError(None, first_line(error)) from None
     try:
         model = algorithm.build_model(algorithm.model_key(None))
         check_model_output(model, data.info, config.model.name)
     except ConfigError:  # names its own key (model.init, model.classifier)
         raise
     except ValueError as error:
-        raise ConfigError(
-            f"invalid config:\n  model.name: {first_line(error)} (data.name={config.data.name} has {data.info.describe()})"
-        ) from None
+        raise ConfigError("model.name", f"{first_line(error)} (data.name={config.data.name} has {data.info.describe()})") from None
     check_requirements(algorithm, model)
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
     return data
@@ -217,9 +218,10 @@ def check_synthetic_size(config: RunConfig) -> None:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > memory // 2:
         raise ConfigError(
-            f"invalid config:\n  data.synthetic: {spec.num_train:,} + {spec.num_test:,} images of "
+            "data.synthetic",
+            f"{spec.num_train:,} + {spec.num_test:,} images of "
             f"{spec.channels}×{spec.image_size}×{spec.image_size} need about {needed / 1e9:.1f} GB to generate; "
-            f"this machine has {memory / 1e9:.1f} GB"
+            f"this machine has {memory / 1e9:.1f} GB",
         )
 
 
@@ -239,15 +241,16 @@ def _state_key(config: RunConfig) -> str:
 
 
 def open_client_state_location(config: RunConfig, run_dir: Path) -> str | None:
-    """The client state location of an algorithm with per-client state (None for the others), after
-    checking that it opens: a bad URI fails as a config error, before Ray starts."""
-    if not get_algorithm_class(config.algorithm.name).keeps_client_state:
+    """The client state location of a run with per-client state (the algorithm's, or error-feedback
+    residuals; None for the others), after checking that it opens: a bad URI fails as a config error,
+    before Ray starts."""
+    if not keeps_client_state(config, get_algorithm_class(config.algorithm.name)):
         return None
     location = client_state_location(config.output, run_dir)
     try:
         ClientStateStore(location)
     except (ClientStateError, OSError) as error:
-        raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
+        raise ConfigError(_state_key(config), str(error)) from None
     return location
 
 
@@ -260,7 +263,7 @@ def claim_client_state_location(config: RunConfig, location: str | None, run_dir
     try:
         return claim_location(location, run_dir, resuming)
     except (ClientStateError, OSError) as error:
-        raise ConfigError(f"invalid config:\n  {_state_key(config)}: {error}") from None
+        raise ConfigError(_state_key(config), str(error)) from None
 
 
 def require_shared_client_state(config: RunConfig, location: str) -> None:
@@ -270,13 +273,14 @@ def require_shared_client_state(config: RunConfig, location: str) -> None:
     try:
         missing = nodes_missing_location(location)
     except (ClientStateError, OSError) as error:
-        raise ConfigError(f"invalid config:\n  {key}: {error}") from None
+        raise ConfigError(key, str(error)) from None
     if missing:
         raise ConfigError(
-            f"invalid config:\n  {key}: {config.algorithm.name} keeps per-client state in {location}, which is node-local: "
+            key,
+            f"{config.algorithm.name} keeps per-client state in {location}, which is node-local: "
             f"node(s) {', '.join(missing)} cannot read a file written there. On a multi-node cluster set "
             "output.client_state_dir (or output.dir) to storage every node reaches: a path every node mounts at "
-            "the same place, or an object-store URI such as s3://BUCKET/fedray-state"
+            "the same place, or an object-store URI such as s3://BUCKET/fedray-state",
         )
 
 
@@ -378,6 +382,7 @@ def run_experiment(
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / SAVED_CONFIG_FILE)
     write_run_info(config, run_dir)
+    (run_dir / STOPPED_FILE).unlink(missing_ok=True)  # started again: no longer stopped
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
     if storage_sync is not None:
@@ -410,6 +415,7 @@ def run_experiment(
         for callback in callbacks:
             callback.on_run_end(run)
     except KeyboardInterrupt:
+        write_stopped(run)
         raise RunInterrupted(f"interrupted; {_resume_hint(run, created)}") from None
     except UserCodeError as error:  # raised in a worker or the server actor: Ray wraps it
         raise innermost_cause(error).with_hint(_resume_hint(run, created)) from None
@@ -419,6 +425,8 @@ def run_experiment(
         raise RunError(f"the server actor died ({first_line(error)}); {_resume_hint(run, created)}") from None
     except DiskFullError as error:
         raise RunError(f"{error}; free some space, then {_resume_hint(run, created)}") from None
+    except ClientStateIOError as error:  # raised in a worker (Ray wraps it): the state location failed mid-run
+        raise RunError(f"{innermost_cause(error)}; once it works again, {_resume_hint(run, created)}") from None
     finally:
         if on_ray and warm is None:
             _release(actor, workers, group if placement is None else None)
@@ -484,6 +492,17 @@ def check_round(config: RunConfig, row: dict[str, Any]) -> None:
             "or a smaller algorithm weight",
             row["round"],
         )
+
+
+def write_stopped(run: RunContext) -> None:
+    """``stopped.json``: the user stopped the run (Ctrl-C, SIGTERM) after its last round, so readers such as
+    the dashboard show it as stopped rather than crashed. Removed with the run directory when nothing was kept."""
+    last_round = run.history[-1]["round"] if run.history else run.start_round
+    stopped = {"round": last_round, "stopped_at": datetime.now().astimezone().isoformat(timespec="seconds")}
+    try:
+        (run.run_dir / STOPPED_FILE).write_text(json.dumps(stopped, indent=2))
+    except OSError:  # a full or gone disk must not hide the interruption itself
+        pass
 
 
 def _resume_hint(run: RunContext, created: bool) -> str:

@@ -45,8 +45,9 @@ def check_address(address: str | None) -> None:
     match = _HOST_PORT.match(address)
     if match is None or not 0 < int(match.group(2)) < 65536:
         raise ConfigError(
-            f"--address {address[:100]!r}: expected auto, HOST:PORT (the head node's GCS, e.g. 10.0.0.1:6379) "
-            "or ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.1:10001)"
+            f"--address {address[:100]!r}",
+            "expected auto, HOST:PORT (the head node's GCS, e.g. 10.0.0.1:6379) or ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.1:10001)",
+            within=None,
         )
 
 
@@ -63,8 +64,9 @@ def uses_ray(resources: ResourcesConfig, address: str | None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS")
     if resources.backend == "local" and address:
         raise ConfigError(
-            f"invalid config:\n  resources.backend: local runs without Ray, but a Ray address is given ({address}); "
-            "set resources.backend=ray (or auto) to use that cluster, or drop the address"
+            "resources.backend",
+            f"local runs without Ray, but a Ray address is given ({address}); "
+            "set resources.backend=ray (or auto) to use that cluster, or drop the address",
         )
     if resources.backend == "auto":
         return bool(address) or resources.num_workers > 1
@@ -79,8 +81,9 @@ def check_gpu_available(resources: ResourcesConfig) -> None:
 
         if torch.cuda.device_count() == 0:
             raise ConfigError(
-                f"invalid config:\n  resources.gpus_per_worker: {resources.gpus_per_worker} but this machine has no "
-                "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)"
+                "resources.gpus_per_worker",
+                f"{resources.gpus_per_worker} but this machine has no "
+                "GPU that torch can use; set resources.gpus_per_worker=0, or run on a cluster with GPUs (--address)",
             )
 
 
@@ -95,9 +98,10 @@ def check_local_resources(config: RunConfig) -> None:
     needed = resources.reserved_cpus
     if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
         raise ConfigError(
-            f"invalid config:\n  resources.num_workers: {resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
+            "resources.num_workers",
+            f"{resources.num_workers} worker(s) × {resources.cpus_per_worker} CPU "
             f"(+ {resources.server_cpus} for the server) need {needed:g} CPUs, but this machine has {cores}; a local run "
-            f"may reserve at most {MAX_LOCAL_OVERSUBSCRIPTION}× its cores (use --address for a cluster)"
+            f"may reserve at most {MAX_LOCAL_OVERSUBSCRIPTION}× its cores (use --address for a cluster)",
         )
     if needed > cores:
         logger.warning(
@@ -127,11 +131,18 @@ def local_ray_options(resources: ResourcesConfig) -> dict[str, Any]:
         "include_dashboard": False,
         "dashboard_host": "127.0.0.1",
         "log_to_driver": True,
-        "_system_config": {
-            "preload_python_modules": [ACTOR_MODULE],
-            "worker_maximum_startup_concurrency": processes,
-            "idle_worker_killing_time_threshold_ms": IDLE_WORKER_LIFETIME_MS,
-        },
+        "_system_config": worker_system_config(processes),
+    }
+
+
+def worker_system_config(processes: int) -> dict[str, Any]:
+    """Ray system settings of a local Ray that fedray starts (:func:`local_ray_options`, and the
+    service of ``fedray up``): its worker processes import the actors' module as they boot, up to
+    ``processes`` of them boot at once, and an idle one lives ``IDLE_WORKER_LIFETIME_MS``."""
+    return {
+        "preload_python_modules": [ACTOR_MODULE],
+        "worker_maximum_startup_concurrency": processes,
+        "idle_worker_killing_time_threshold_ms": IDLE_WORKER_LIFETIME_MS,
     }
 
 

@@ -105,7 +105,7 @@ def check_unfinished(run_dir: str | Path, rounds: int) -> None:
     run_dir = Path(run_dir)
     summary = run_dir / SUMMARY_FILE
     if list_checkpoints(run_dir) and summary.is_file() and json.loads(summary.read_text()).get("rounds") == rounds:
-        raise ConfigError(f"{run_dir} already finished all {rounds} rounds")
+        raise ConfigError(None, f"{run_dir} already finished all {rounds} rounds", within=None)
 
 
 def check_resumable(changes: list[ConfigChange], run_dir: Path, round: int) -> None:
@@ -115,9 +115,10 @@ def check_resumable(changes: list[ConfigChange], run_dir: Path, round: int) -> N
         return
     shown = ", ".join(change.describe() for change in refused[:4]) + (f" and {len(refused) - 4} more" if len(refused) > 4 else "")
     raise ConfigError(
-        f"invalid config:\n  {run_dir / 'config.yaml'}: changed since the checkpoint of round {round}: {shown}; a resume "
+        str(run_dir / "config.yaml"),
+        f"changed since the checkpoint of round {round}: {shown}; a resume "
         "continues the rounds already run, so only train.rounds (up), eval.every, checkpoint.*, resources.* and "
-        "output.tensorboard/plots/callbacks may change: restore the values, or start a new run with them"
+        "output.tensorboard/plots/callbacks may change: restore the values, or start a new run with them",
     )
 
 

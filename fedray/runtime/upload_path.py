@@ -1,6 +1,7 @@
 """The upload path between a client's update and the algorithm's ``aggregate`` (docs/guide/privacy.md):
-attack (simulated malicious clients) → clipping → local noise → worker pre-aggregation → central
-noise on the sum → the aggregation rule (weighted mean, or a robust rule over per-client updates).
+attack (simulated malicious clients) → clipping → local noise → compression (``systems.compression``)
+→ worker pre-aggregation → central noise on the sum → the aggregation rule (weighted mean, or a robust
+rule over per-client updates).
 
 It applies to :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS`, the only upload kind it handles (others
 are refused before Ray starts, :func:`~fedray.algorithms.uploads.check_uploads`). A client's update is
@@ -9,11 +10,23 @@ algorithm's own ``sums["weights"] / sums["num_samples"]`` (and any server optimi
 
 - central DP: w + (Σ_k clip(Δ_k) + N(0, σ²)) / m, σ = z·C·m/M, m = ``train.clients_per_round`` (the
   fixed denominator of DP-FedAvg, uniform client weights; :mod:`fedray.privacy.mechanisms`);
+- adaptive clipping (``privacy.clipping: adaptive``, central DP): C is the round's bound, which the
+  server broadcasts (:data:`ADAPTIVE_CLIP`) and moves after the round towards a quantile of the
+  update norms, and the sum's noise multiplier is z_Δ (:mod:`fedray.privacy.mechanisms`);
 - local DP: w + Σ_k (clip(Δ_k) + N(0, (z·C)²)) / k over the k aggregated clients;
 - a robust rule: w + rule([Δ_k]) over the clients' individual deltas, which the workers then collect as
   ``payload`` instead of summing them.
 
-Nothing here runs when ``privacy`` and ``robust`` are off (the engine and worker hold ``None``).
+Compression (:mod:`fedray.systems.compression`) is the last step on the client, as on a device: what
+it encodes is what leaves the device and is counted in ``bytes_up``, and what the server decodes
+replaces Δ_k above (a robust rule gets the decoded deltas). It comes after clipping and local noise,
+so that local DP's guarantee holds by post-processing and the noisy update is still what gets
+compressed (noise added after top-k would make the upload dense again). Under central DP the trusted
+server clips the decoded update to C once more, since int8 rounding, and error feedback's residual,
+can take it past C and the noise is calibrated to C.
+
+Nothing here runs on the workers when ``privacy``, ``robust`` and ``systems.compression`` are off,
+nor on the server when ``privacy`` and ``robust`` are (the engine and worker hold ``None``).
 """
 
 from __future__ import annotations
@@ -28,11 +41,13 @@ from fedray.aggregation.attacks import attacked_delta, malicious_clients
 from fedray.aggregation.robust import robust_aggregate
 from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
 from fedray.algorithms.uploads import undeclared_keys
-from fedray.config import RunConfig
-from fedray.config.privacy import default_delta, noise_cohort_size, population_size
-from fedray.privacy.clipping import clip_to_norm
-from fedray.privacy.mechanisms import central_noise, central_noise_std, local_noise
+from fedray.config import ConfigError, RunConfig
+from fedray.config.privacy import adaptive_noise_problem, clipped_count_stddev, default_delta, noise_cohort_size, population_size
+from fedray.privacy.clipping import clip_to_norm, next_adaptive_clip
+from fedray.privacy.mechanisms import central_noise, central_noise_std, clipped_count_noise, local_noise, update_noise_multiplier
 from fedray.runtime.errors import RunError
+from fedray.systems.clock import UPLOAD_BYTES_METRIC, payload_bytes, sums_bytes
+from fedray.systems.compression import UploadCompression, compression_enabled, join_client_state
 
 if TYPE_CHECKING:  # dp-accounting is the optional extra `privacy`: imported only when privacy is on
     from fedray.privacy.accountant import CentralAccountant
@@ -41,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 #: The payload key under which a client's delta travels when a robust rule needs it alone.
 ROBUST_UPDATE = "robust_update"
+#: The broadcast key of the round's clip bound C under ``privacy.clipping: adaptive`` (float64 scalar).
+ADAPTIVE_CLIP = "dp_clip"
 
 
 class PrivacyBudgetExhausted(RunError):
@@ -57,22 +74,42 @@ def upload_path_enabled(config: RunConfig) -> bool:
 
 
 class ClientUploadPath:
-    """The worker's part, per client: attack, clip, local noise, and the form the update travels in."""
+    """The worker's part, per client: attack, clip, local noise, compression, and the form the update travels in."""
 
     def __init__(self, config: RunConfig, algorithm: Algorithm, num_clients: int) -> None:
         self.config = config
         self.algorithm_class = type(algorithm)
         self.malicious = malicious_clients(config.seed, num_clients, config.robust.malicious_fraction)
+        self.compression = UploadCompression.for_run(config)  # None: systems.compression off
+        self.warned_uncompressed = False
 
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm, num_clients: int) -> "ClientUploadPath | None":
-        return cls(config, algorithm, num_clients) if upload_path_enabled(config) else None
+        return cls(config, algorithm, num_clients) if upload_path_enabled(config) or compression_enabled(config) else None
 
-    def apply(self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any]) -> ClientUpdate:
-        """``update`` as it leaves the client (a new object; ``update`` is not changed)."""
+    @property
+    def keeps_residuals(self) -> bool:
+        """Whether clients carry an error-feedback residual (client state) from one upload to the next."""
+        return self.compression is not None and self.compression.error_feedback
+
+    def apply(
+        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residual: torch.Tensor | None = None
+    ) -> ClientUpdate:
+        """``update`` as it leaves the client (a new object; ``update`` is not changed). ``residual``:
+        the client's error-feedback residual (:mod:`fedray.systems.compression`), whose successor the
+        returned update's ``state`` holds next to the algorithm's own."""
         undeclared = undeclared_keys(self.algorithm_class, update)
         if undeclared:
             raise TypeError(f"algorithm {self.algorithm_class.name} uploads {', '.join(undeclared)}, which its `uploads` do not declare")
+        if "weights" not in update.sums and not upload_path_enabled(self.config):  # FedSKC outside gda_mode=fedavg
+            if not self.warned_uncompressed:
+                logger.warning(
+                    "%s uploads no sums['weights'] (model weights in its payload, if any, are sent uncompressed): "
+                    "systems.compression does not apply to its updates",
+                    self.algorithm_class.name,
+                )
+                self.warned_uncompressed = True
+            return ClientUpdate(update.sums, update.payload, update.metrics, join_client_state(update.state, residual))
         privacy, robust, seed = self.config.privacy, self.config.robust, self.config.seed
         num_samples = update.sums["num_samples"]
         reference = broadcast["weights"].to(num_samples.device, torch.float64)
@@ -82,24 +119,32 @@ class ClientUploadPath:
         if is_malicious:
             delta = attacked_delta(delta, robust.attack, robust.attack_scale, seed, round, client_id)
             metrics["malicious"] = 1.0
+        clip = float(broadcast[ADAPTIVE_CLIP]) if privacy.clipping == "adaptive" else privacy.clip  # the round's C
         if privacy.enabled:
-            delta, norm = clip_to_norm(delta, privacy.clip)
+            delta, norm = clip_to_norm(delta, clip)
             metrics["update_norm"] = norm
             if privacy.mechanism == "local" and privacy.noise_multiplier:
-                delta = delta + local_noise(seed, round, client_id, delta, privacy.noise_multiplier * privacy.clip)
+                delta = delta + local_noise(seed, round, client_id, delta, privacy.noise_multiplier * clip)
+        if self.compression is not None:
+            compressed = self.compression.compress(round, client_id, delta, residual)
+            others = {key: value for key, value in update.sums.items() if key != "weights"}
+            metrics[UPLOAD_BYTES_METRIC] = float(sums_bytes(others) + payload_bytes(update.payload) + compressed.wire_bytes)
+            delta, residual = compressed.received.to(torch.float64), compressed.residual
+            if privacy.mechanism == "central":
+                delta, _ = clip_to_norm(delta, clip)
         sums, payload = dict(update.sums), dict(update.payload)
         if robust.rule != "none":
             del sums["weights"], sums["num_samples"]
             payload[ROBUST_UPDATE] = delta
         elif privacy.enabled:
             sums["weights"], sums["num_samples"] = delta, torch.ones_like(num_samples, dtype=torch.float64)
-        elif is_malicious:  # an attack on the plain weighted mean: the client's weight is kept
+        elif is_malicious or self.compression is not None:  # the plain weighted mean: the client's weight is kept
             sums["weights"] = (reference + delta) * num_samples
-        return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=update.state)
+        return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residual))
 
 
 class ServerUploadPath:
-    """The server's part: central noise, the robust rule, the accountant and its budget."""
+    """The server's part: central noise, adaptive clipping's bound, the robust rule, the accountant and its budget."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -107,6 +152,7 @@ class ServerUploadPath:
         self.population = population_size(config)
         self.delta = privacy.delta if privacy.delta is not None else default_delta(self.population)
         self.noise_multiplier = privacy.noise_multiplier
+        self.clip = privacy.clip  # C of the next round: fixed, or adaptive clipping's current bound
         self.rounds_accounted = 0
         self.participations = np.zeros(config.data.num_clients, dtype=np.int64)  # local DP: releases per client
         self.accountant: CentralAccountant | None = None
@@ -123,6 +169,19 @@ class ServerUploadPath:
             if self.noise_multiplier is None:
                 assert privacy.target_epsilon is not None  # PrivacyConfig's validator
                 self.noise_multiplier = self.accountant.noise_multiplier_for(privacy.target_epsilon, config.train.rounds)
+            if privacy.clipping == "adaptive":  # a calibrated z is checked here, a given one with the config
+                problem = adaptive_noise_problem(self.noise_multiplier, clipped_count_stddev(config))
+                if problem is not None:
+                    raise ConfigError(None, problem)
+                logger.info(
+                    "privacy: adaptive clipping from C=%g towards the %g-quantile of the update norms (η_C=%g, σ_b=%g); "
+                    "the update's noise multiplier is z_Δ=%.4g",
+                    privacy.clip,
+                    privacy.target_quantile,
+                    privacy.clip_lr,
+                    clipped_count_stddev(config),
+                    self.update_noise_multiplier,
+                )
             logger.info(
                 "privacy: %s DP, clip C=%g, noise multiplier z=%.4g, δ=%g, %s accountant, %s sampling q=%d/%d",
                 privacy.mechanism,
@@ -140,6 +199,22 @@ class ServerUploadPath:
     @classmethod
     def for_run(cls, config: RunConfig) -> "ServerUploadPath | None":
         return cls(config) if upload_path_enabled(config) else None
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """The multiplier of the noise on the sum of updates: z, or z_Δ under adaptive clipping
+        (:func:`fedray.privacy.mechanisms.update_noise_multiplier`)."""
+        z = self.noise_multiplier or 0.0
+        if self.config.privacy.clipping == "adaptive":
+            return update_noise_multiplier(z, clipped_count_stddev(self.config))
+        return z
+
+    def broadcast(self, broadcast: dict[str, Any]) -> dict[str, Any]:
+        """The algorithm's ``broadcast``, with the round's clip bound under adaptive clipping (the
+        workers clip to it; the engine calls this on every broadcast it sends)."""
+        if self.config.privacy.clipping != "adaptive":
+            return broadcast
+        return {**broadcast, ADAPTIVE_CLIP: torch.tensor(self.clip, dtype=torch.float64)}
 
     def check_budget(self, round: int) -> None:
         """Raise :class:`PrivacyBudgetExhausted` if training ``round`` would exceed ``privacy.target_epsilon``."""
@@ -170,7 +245,7 @@ class ServerUploadPath:
                 sums["weights"], sums["num_samples"] = reference + aggregate, torch.tensor(1.0, dtype=torch.float64)
             elif privacy.mechanism == "central":
                 cohort = self.config.train.clients_per_round
-                std = central_noise_std(self.noise_multiplier or 0.0, privacy.clip, cohort, noise_cohort_size(self.config))
+                std = central_noise_std(self.update_noise_multiplier, self.clip, cohort, noise_cohort_size(self.config))
                 noise = central_noise(self.config.seed, round, sums["weights"], std) if std > 0 else 0.0
                 sums["weights"] = cohort * reference + sums["weights"] + noise
                 sums["num_samples"] = torch.tensor(float(cohort), dtype=torch.float64)
@@ -180,10 +255,21 @@ class ServerUploadPath:
         if privacy.enabled:
             norms = [m["update_norm"] for m in client_metrics.values() if "update_norm" in m]
             if norms:
-                row["dp_clipped_fraction"] = float(np.mean([norm > privacy.clip for norm in norms]))
+                row["dp_clipped_fraction"] = float(np.mean([norm > self.clip for norm in norms]))
+            if privacy.clipping == "adaptive":
+                row["dp_clip"] = self.clip
+                self.clip = self._next_clip(round, norms)
             row.update(self._account(client_metrics))
         results = RoundResults(sums, payloads, client_metrics, results.num_clients, results.excluded_clients)
         return results, row
+
+    def _next_clip(self, round: int, norms: list[float]) -> float:
+        """Adaptive clipping (Andrew et al. 2021, Alg. 1): b̃ = (Σ_k 1[‖Δ_k‖ ≤ C] + N(0, (σ_b·m/M)²)) / m,
+        the noise scaled for the emulated cohort M as the update's is, then the geometric update."""
+        privacy, cohort = self.config.privacy, self.config.train.clients_per_round
+        count_std = clipped_count_stddev(self.config) * cohort / noise_cohort_size(self.config)
+        unclipped = sum(norm <= self.clip for norm in norms) + clipped_count_noise(self.config.seed, round, count_std)
+        return next_adaptive_clip(self.clip, unclipped / cohort, privacy.target_quantile, privacy.clip_lr)
 
     def _account(self, client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
         """ε spent so far, after this round's release; local DP also each participant's own ε."""
@@ -211,14 +297,17 @@ class ServerUploadPath:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The accountant's history (rounds composed, each client's releases) and the calibrated z."""
+        """The accountant's history (rounds composed, each client's releases), the calibrated z and
+        the next round's clip bound (the noise is drawn from (seed, round): it has no state)."""
         return {
             "rounds_accounted": self.rounds_accounted,
             "participations": torch.from_numpy(self.participations.copy()),
             "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds_accounted = int(state["rounds_accounted"])
         self.participations = state["participations"].numpy().astype(np.int64)
         self.noise_multiplier = state["noise_multiplier"]
+        self.clip = float(state.get("clip", self.config.privacy.clip))  # checkpoints from before adaptive clipping

@@ -9,6 +9,7 @@ state cache backed by the run's client state store (principle 5; :mod:`fedray.ru
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import warnings
@@ -26,6 +27,7 @@ from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
 from fedray.runtime.upload_path import ClientUploadPath
 from fedray.runtime.user_code import call_algorithm
+from fedray.systems.compression import split_client_state
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class ClientWorker:
         self.x_public = None if public is None else self.x_train[torch.as_tensor(public, device=self.device)]
         self.mean_client_samples = float(np.mean(data.clients.sizes))
         self.models: dict[str, FedModel] = {}
-        self.upload_path = ClientUploadPath.for_run(self.config, self.algorithm, data.num_clients)  # None: privacy and robust off
+        self.upload_path = ClientUploadPath.for_run(self.config, self.algorithm, data.num_clients)  # None: privacy, robust, compression off
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
 
     # ------------------------------------------------------------------ helpers
@@ -113,13 +115,19 @@ class ClientWorker:
     def client_context(self, round: int, client_id: int, state_version: int) -> ClientContext:
         """What ``Algorithm.client_update`` gets for ``client_id`` in ``round``: its data on this
         worker's device, its seeded generator and its state as stored in ``state_version``."""
+        return self.client_context_and_residual(round, client_id, state_version)[0]
+
+    def client_context_and_residual(self, round: int, client_id: int, state_version: int) -> tuple[ClientContext, torch.Tensor | None]:
+        """:meth:`client_context`, whose state leaves out the client's error-feedback residual
+        (``systems.compression``), and that residual (None: it has none)."""
         cfg = self.config
+        state, residual = split_client_state(self.state_store.load(client_id, state_version, self.device))
         train_index = torch.as_tensor(self.data.clients.client(client_id), device=self.device)
         x_test = y_test = None
         if self.data.client_test is not None:
             test_index = torch.as_tensor(self.data.client_test.client(client_id), device=self.device)
             x_test, y_test = self.x_train[test_index], self.y_train[test_index]
-        return ClientContext(
+        context = ClientContext(
             client_id=client_id,
             round=round,
             model=self.model_for(client_id),
@@ -131,12 +139,13 @@ class ClientWorker:
             device=self.device,
             generator=seed_client(cfg.seed, round, client_id),
             augment=self.augment,
-            state=self.state_store.load(client_id, state_version, self.device),
+            state=state,
             x_test=x_test,
             y_test=y_test,
             x_public=self.x_public,
             mean_client_samples=self.mean_client_samples,
         )
+        return context, residual
 
     # ------------------------------------------------------------------ remote methods
     def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
@@ -144,12 +153,14 @@ class ClientWorker:
         broadcast = tensors_to(broadcast, self.device)  # one host-to-device copy a round, not one a client
         partial = PartialResult()
         for client_id, state_version, checkpoint_versions in tasks:
-            ctx = self.client_context(round, client_id, state_version)
+            ctx, residual = self.client_context_and_residual(round, client_id, state_version)
             update = call_algorithm(self.algorithm, "client_update", round, client_id, ctx, broadcast)
-            if self.upload_path is not None:
-                update = self.upload_path.apply(round, client_id, update, broadcast)
             if update.state is not None and not self.algorithm.keeps_client_state:
                 raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
+            if self.upload_path is not None:
+                if update.state is None and self.upload_path.keeps_residuals:  # stored anew next to the new residual
+                    update = dataclasses.replace(update, state=ctx.state)
+                update = self.upload_path.apply(round, client_id, update, broadcast, residual)
             if partial.add(client_id, update) and update.state is not None:
                 self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
                 partial.stateful_clients.append(client_id)

@@ -12,6 +12,7 @@ model's only state is the clock and the last measured upload size (:meth:`System
 - :mod:`~fedray.systems.availability`: who is online when a round starts, and until when;
 - :mod:`~fedray.systems.clock`: bytes moved and each client's round duration;
 - :mod:`~fedray.systems.selection`: over-selection, deadline, dropouts: who reports;
+- :mod:`~fedray.systems.compression`: what a client's upload is compressed to (the upload path applies it);
 - :mod:`~fedray.systems.draws`: the per-client random draws behind them.
 """
 
@@ -24,15 +25,15 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, RoundResults
-from fedray.config import RunConfig
+from fedray.config import ConfigError, RunConfig
 from fedray.data import FederatedDataset
 from fedray.algorithms.costs import client_forward_flops
 from fedray.seeding import sample_cohort_among
 from fedray.systems.availability import AvailabilityProcess, build_availability
 from fedray.systems.clock import client_durations, payload_bytes, upload_bytes
+from fedray.systems.compression import check_compression
 from fedray.systems.devices import Devices, build_devices
 from fedray.systems.selection import RoundPlan, plan_round, selection_size
-from fedray.systems.tables import invalid
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class SystemsModel:
             return
         fastest = float(self.durations(np.arange(len(self.train_flops)), broadcast_bytes).min())
         if fastest > deadline:
-            raise invalid(
+            raise ConfigError(
                 "systems.selection.deadline_seconds",
                 f"{deadline:g} s, but the fastest client needs {fastest:.4g} s (download, {self.config.train.local_epochs} "
                 "local epoch(s), upload); raise it, lower train.local_epochs or choose faster systems.devices",
@@ -138,10 +139,12 @@ class SystemsModel:
 
 
 def check_systems(config: RunConfig, data: FederatedDataset, algorithm: Algorithm, model: torch.nn.Module) -> None:
-    """Before Ray starts: build the run's systems model (device and trace files, profile names) and
-    check its deadline against the broadcast of round 1; no-op when ``systems.enabled`` is false."""
+    """Before Ray starts: build the run's systems model (device and trace files, profile names),
+    check its deadline against the broadcast of round 1 and that the algorithm uploads what
+    ``systems.compression`` compresses; no-op when ``systems.enabled`` is false."""
     if not config.systems.enabled:
         return
+    check_compression(config, algorithm)
     systems = SystemsModel.for_run(config, data, algorithm)
     systems.check_deadline(payload_bytes(algorithm.broadcast(algorithm.init_server_state(model), 1)))
 

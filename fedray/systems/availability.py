@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.config import ConfigError
 from fedray.config.schema import AvailabilityConfig
 from fedray.systems.draws import AVAILABILITY_STREAM, TIME_ZONE_STREAM, uniform
-from fedray.systems.tables import check_client_ids, invalid, read_columns
+from fedray.systems.tables import check_client_ids, read_columns
 
 TRACE_KEY = "systems.availability.trace_file"
 
@@ -90,18 +91,18 @@ def read_trace(path: str, num_clients: int, period: float | None) -> Trace:
     columns = read_columns(path, TRACE_KEY, ("client_id", "start", "end"))
     ids, starts, ends = columns["client_id"], columns["start"], columns["end"]
     if len(ids) == 0:
-        raise invalid(TRACE_KEY, f"{path} has no online interval: no client is ever online")
+        raise ConfigError(TRACE_KEY, f"{path} has no online interval: no client is ever online")
     check_client_ids(ids, num_clients, path, TRACE_KEY)
     bad = np.flatnonzero((starts < 0) | (ends <= starts))
     if len(bad):
         row = int(bad[0])
-        raise invalid(
+        raise ConfigError(
             TRACE_KEY,
             f"{path} row {row + 1}: interval [{starts[row]:g}, {ends[row]:g}) of client {int(ids[row])} is negative or empty; need 0 <= start < end",
         )
     if period is not None and (ends > period).any():
         row = int(np.flatnonzero(ends > period)[0])
-        raise invalid(
+        raise ConfigError(
             TRACE_KEY, f"{path} row {row + 1}: interval ends at {ends[row]:g}, after systems.availability.trace_period_seconds={period:g}"
         )
     order = np.lexsort((starts, ids))
@@ -109,7 +110,7 @@ def read_trace(path: str, num_clients: int, period: float | None) -> Trace:
     overlapping = np.flatnonzero((ids[1:] == ids[:-1]) & (starts[1:] < ends[:-1]))
     if len(overlapping):
         i = int(overlapping[0])
-        raise invalid(
+        raise ConfigError(
             TRACE_KEY,
             f"{path}: client {int(ids[i])} has overlapping intervals [{starts[i]:g}, {ends[i]:g}) and [{starts[i + 1]:g}, {ends[i + 1]:g})",
         )

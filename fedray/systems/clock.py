@@ -40,15 +40,28 @@ def payload_bytes(value: Any) -> int:
     return SCALAR_BYTES if isinstance(value, (int, float)) else 0
 
 
+#: The client metric in which the upload path reports the bytes a client sent when they differ from
+#: what its ``sums`` and payload hold (``systems.compression``: :mod:`fedray.systems.compression`).
+UPLOAD_BYTES_METRIC = "upload_bytes"
+
+
+def sums_bytes(sums: dict[str, torch.Tensor]) -> int:
+    """Bytes of one client's ``sums`` on the wire: :data:`SUMS_BYTES_PER_ELEMENT` for floating tensors."""
+    return sum(t.numel() * (SUMS_BYTES_PER_ELEMENT if t.is_floating_point() else t.element_size()) for t in sums.values())
+
+
 def upload_bytes(results: RoundResults) -> dict[int, int]:
     """Bytes each aggregated client of ``results`` uploaded: one of each ``sums`` tensor (at
     :data:`SUMS_BYTES_PER_ELEMENT` for floating tensors) plus its payload (weights, prototypes,
-    representations, control-variate deltas alike)."""
-    sums_bytes = sum(t.numel() * (SUMS_BYTES_PER_ELEMENT if t.is_floating_point() else t.element_size()) for t in results.sums.values())
+    representations, control-variate deltas alike), or, where the upload path measured the client's
+    compressed upload, its :data:`UPLOAD_BYTES_METRIC`."""
+    shared_sums_bytes = sums_bytes(results.sums)
     excluded = set(results.excluded_clients)
     return {
-        client_id: sums_bytes + payload_bytes(results.payloads.get(client_id, {}))
-        for client_id in results.client_metrics
+        client_id: int(metrics[UPLOAD_BYTES_METRIC])
+        if UPLOAD_BYTES_METRIC in metrics
+        else shared_sums_bytes + payload_bytes(results.payloads.get(client_id, {}))
+        for client_id, metrics in results.client_metrics.items()
         if client_id not in excluded
     }
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.config import ConfigError
 from fedray.config.schema import DevicesConfig, LogNormalConfig
 from fedray.systems.draws import DEVICE_STREAM, standard_normal, uniform
-from fedray.systems.tables import check_client_ids, invalid, read_columns
+from fedray.systems.tables import check_client_ids, read_columns
 
 BYTES_PER_MEGABIT = 1e6 / 8
 
@@ -72,7 +73,7 @@ def _log_normal(distribution: LogNormalConfig, seed: int, client_ids: np.ndarray
 def _from_profiles(shares: dict[str, float], seed: int, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     unknown = [name for name in shares if name not in DEVICE_PROFILES]
     if unknown:
-        raise invalid("systems.devices.profiles", f"unknown device profile {unknown[0]!r}; choose from {', '.join(DEVICE_PROFILES)}")
+        raise ConfigError("systems.devices.profiles", f"unknown device profile {unknown[0]!r}; choose from {', '.join(DEVICE_PROFILES)}")
     profiles = [DEVICE_PROFILES[name] for name in shares]
     bounds = np.cumsum(list(shares.values())) / sum(shares.values())
     # a draw apart from the three of source=distribution
@@ -89,17 +90,17 @@ def _from_file(path: str, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.
     ids = columns["client_id"]
     check_client_ids(ids, num_clients, path, key)
     if len(np.unique(ids)) != len(ids):
-        raise invalid(key, f"{path}: client id {int(ids[np.flatnonzero(np.bincount(ids) > 1)[0]])} has more than one row")
+        raise ConfigError(key, f"{path}: client id {int(ids[np.flatnonzero(np.bincount(ids) > 1)[0]])} has more than one row")
     if len(ids) != num_clients:
         missing = np.setdiff1d(np.arange(num_clients), ids)
-        raise invalid(
+        raise ConfigError(
             key,
             f"{path}: no row for client id {int(missing[0])} ({len(missing)} of {num_clients} clients missing); give one row per client",
         )
     values = []
     for column in ("flops_per_second", "download_mbps", "upload_mbps"):
         if (columns[column] <= 0).any():
-            raise invalid(key, f"{path}: column {column} must be > 0")
+            raise ConfigError(key, f"{path}: column {column} must be > 0")
         by_client = np.empty(num_clients)
         by_client[ids] = columns[column]
         values.append(by_client)

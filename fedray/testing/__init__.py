@@ -60,7 +60,8 @@ class Federation:
 
     def __init__(self, run_dir: str | Path, overrides: Iterable[str] = (), defaults: Iterable[str] = SMALL) -> None:
         self.run_dir = Path(run_dir)
-        self.config = load_config(None, [*defaults, *overrides])
+        self._overrides, self._defaults = list(overrides), list(defaults)
+        self.config = load_config(None, [*self._defaults, *self._overrides])
         self.data = build_federated_dataset(self.config.data, self.config.seed)
         self.pool = LocalPool(self.config, self.data, str(run_dir))
         self.engine = _RecordingEngine(self.config, self.data, str(run_dir), self.pool)
@@ -112,6 +113,16 @@ class Federation:
         for round in range(len(self.rows) + 1, len(self.rows) + rounds + 1):
             self.run_round(round)
         return self
+
+    def resumed(self, run_dir: str | Path) -> "Federation":
+        """A new federation in ``run_dir`` that continues from this one's last round, as ``fedray run
+        --resume`` does from a checkpoint taken now: the engine's checkpoint state is loaded, the rows
+        so far carried over. (An algorithm with client state also needs this federation's state files:
+        give it the same ``run_dir``.)"""
+        resumed = Federation(run_dir, self._overrides, self._defaults)
+        resumed.engine.load_checkpoint_state(self.engine.checkpoint_state())
+        resumed.rows.extend(self.rows)
+        return resumed
 
     def client_context(self, round: int, client_id: int, worker: int = 0) -> ClientContext:
         """Client ``client_id``'s context in ``round`` on worker ``worker``, with its latest state."""

@@ -58,19 +58,16 @@ def callback_class(reference: str, key: str = "output.callbacks") -> type[Callba
     """The :class:`Callback` subclass an ``output.callbacks`` entry names; :class:`ConfigError` otherwise."""
     target = BUILTIN_CALLBACKS.get(reference, reference)
     if not is_reference(target):
-        raise ConfigError(
-            f"invalid config:\n  {key}: unknown callback {reference!r} (allowed: {', '.join(BUILTIN_CALLBACKS)}, "
-            "or package.module:ClassName)"
-        )
+        raise ConfigError(key, f"unknown callback {reference!r} (allowed: {', '.join(BUILTIN_CALLBACKS)}, or package.module:ClassName)")
     value = import_reference(target, key)
     if not (isinstance(value, type) and issubclass(value, Callback)):
-        raise ConfigError(f"invalid config:\n  {key}: {reference!r} is not a subclass of fedray.Callback (got {value!r})")
+        raise ConfigError(key, f"{reference!r} is not a subclass of fedray.Callback (got {value!r})")
     try:
         inspect.signature(value).bind()
     except TypeError as error:
         raise ConfigError(
-            f"invalid config:\n  {key}: {reference!r} cannot be built without arguments ({error}); a callback "
-            "reads its settings from run.config or the environment"
+            key,
+            f"{reference!r} cannot be built without arguments ({error}); a callback reads its settings from run.config or the environment",
         ) from None
     return value
 

@@ -45,7 +45,7 @@ def staging_root(output: OutputConfig) -> Path:
     """The local directory runs with a URI ``output.dir`` write to before they are synced."""
     if output.staging_dir is not None:
         if is_uri(output.staging_dir):
-            raise ConfigError(f"invalid config:\n  output.staging_dir: must be a local path, got {output.staging_dir!r}")
+            raise ConfigError("output.staging_dir", f"must be a local path, got {output.staging_dir!r}")
         return Path(output.staging_dir)
     return Path(tempfile.gettempdir()) / STAGING_SUBDIR
 
@@ -59,8 +59,8 @@ class StorageSync(Callback):
             self.filesystem, self.root = pafs.FileSystem.from_uri(output_uri.rstrip("/"))
         except Exception as error:  # unknown scheme, missing credentials, unreachable bucket
             raise ConfigError(
-                f"invalid config:\n  output.dir: {output_uri!r} is not a filesystem pyarrow can open "
-                f"(local path, file://, s3://, gs://, hdfs://, abfs://): {error}"
+                "output.dir",
+                f"{output_uri!r} is not a filesystem pyarrow can open (local path, file://, s3://, gs://, hdfs://, abfs://): {error}",
             ) from None
         self.synced: dict[str, tuple[int, int]] = {}  # relative path -> (mtime_ns, size) last copied
 

@@ -49,7 +49,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedray.config import ConfigError, RunConfig, apply_overrides, is_reference, read_yaml, set_key, validate_config
-from fedray.config.loader import format_validation_error
+from fedray.config.loader import validation_config_error
 
 Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -268,12 +268,11 @@ def parse_sweep(raw: dict[str, Any], source: str | Path, base_dir: Path) -> Swee
     if isinstance(base, str):
         raw["base"] = read_yaml(base_dir / base)
     elif base is not None and not isinstance(base, dict):
-        raise ConfigError(f"invalid sweep file {source}:\n  base: expected a run-config path or mapping (got {base!r})")
+        raise ConfigError("base", f"expected a run-config path or mapping (got {base!r})", within=f"sweep file {source}")
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:
-        message = format_validation_error(error, SweepSpec).removeprefix("invalid config:")
-        raise ConfigError(f"invalid sweep file {source}:{message}") from None
+        raise validation_config_error(error, SweepSpec, within=f"sweep file {source}") from None
     _resolve_paths(spec)
     _check_trials(spec, source)
     return spec
@@ -309,15 +308,17 @@ def parse_space_option(option: str) -> tuple[str, dict[str, Any]]:
     kind = kind.strip()
     if not equals or not key.strip() or not colon or kind not in DOMAINS:
         raise ConfigError(
-            f"--space {shown!r}: expected KEY=KIND:[VALUES] with KIND one of {', '.join(DOMAINS)}, "
-            "e.g. --space data.alpha=grid:[0.1,0.5] or --space train.lr=loguniform:[0.001,0.1]"
+            f"--space {shown!r}",
+            f"expected KEY=KIND:[VALUES] with KIND one of {', '.join(DOMAINS)}, "
+            "e.g. --space data.alpha=grid:[0.1,0.5] or --space train.lr=loguniform:[0.001,0.1]",
+            within=None,
         )
     try:
         parsed = yaml.safe_load(values)
     except yaml.YAMLError:
         parsed = None
     if not isinstance(parsed, list):
-        raise ConfigError(f"--space {shown!r}: the values must be a YAML list, e.g. {kind}:[0.1, 0.5]")
+        raise ConfigError(f"--space {shown!r}", f"the values must be a YAML list, e.g. {kind}:[0.1, 0.5]", within=None)
     return key.strip(), {kind: [_number_or_value(value) for value in parsed]}
 
 
@@ -352,23 +353,27 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
     unknown = [name for name in spec.per_algorithm if name not in ALGORITHMS and not is_reference(name)]
     if unknown:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  per_algorithm: unknown algorithm(s) {', '.join(unknown)} (allowed: {', '.join(ALGORITHMS)})"
+            "per_algorithm", f"unknown algorithm(s) {', '.join(unknown)} (allowed: {', '.join(ALGORITHMS)})", within=f"sweep file {source}"
         )
     if spec.search.type == "optuna" and importlib.util.find_spec("optuna") is None:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  search: optuna is not installed; pip install 'fedray[optuna]' (or use search: random)"
+            "search", "optuna is not installed; pip install 'fedray[optuna]' (or use search: random)", within=f"sweep file {source}"
         )
     if spec.num_trials > MAX_TRIALS:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  num_samples: the sweep has {spec.num_trials:,} trials "
+            "num_samples",
+            f"the sweep has {spec.num_trials:,} trials "
             f"(num_samples {spec.num_samples} x {spec.num_trials // spec.num_samples:,} grid points); at most "
-            f"{MAX_TRIALS:,} per sweep: lower num_samples (--num-samples) or shrink the grid (--space)"
+            f"{MAX_TRIALS:,} per sweep: lower num_samples (--num-samples) or shrink the grid (--space)",
+            within=f"sweep file {source}",
         )
     num_shapes = math.prod(len(d.representative_values()) for d in spec.space.values())
     if num_shapes > MAX_TRIAL_SHAPES:
         raise ConfigError(
-            f"invalid sweep file {source}:\n  space: {num_shapes:,} trial shapes to validate (every grid/choice "
-            f"value x both ends of every range); at most {MAX_TRIAL_SHAPES:,}: sweep fewer keys at once"
+            "space",
+            f"{num_shapes:,} trial shapes to validate (every grid/choice "
+            f"value x both ends of every range); at most {MAX_TRIAL_SHAPES:,}: sweep fewer keys at once",
+            within=f"sweep file {source}",
         )
     from fedray.runtime.experiment import prepare_data
 
@@ -380,26 +385,30 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
             datasets[data_key] = prepare_data(config, datasets.get(data_key))
         except ConfigError as error:
             shape = ", ".join(f"{k}={v!r}" for k, v in values.items())
-            detail = str(error).removeprefix("invalid config:").strip()
-            raise ConfigError(f"invalid sweep file {source}: the trial with {shape} has an invalid run config:\n  {detail}") from None
+            within = f"sweep file {source}: the trial with {shape} has an invalid run config"
+            raise ConfigError(error.key, error.message, within=within, more=error.more) from None
         if spec.metric.startswith("personal_") and not config.eval.personalized:
             raise ConfigError(
-                f"invalid sweep file {source}:\n  metric: {spec.metric} needs eval.personalized=true "
-                "and data.client_test_fraction > 0 in the base config"
+                "metric",
+                f"{spec.metric} needs eval.personalized=true and data.client_test_fraction > 0 in the base config",
+                within=f"sweep file {source}",
             )
         if spec.scheduler.type == "asha" and spec.scheduler.grace_period > config.train.rounds:
             raise ConfigError(
-                f"invalid sweep file {source}:\n  scheduler.grace_period: {spec.scheduler.grace_period} must be "
-                f"<= train.rounds ({config.train.rounds})"
+                "scheduler.grace_period",
+                f"{spec.scheduler.grace_period} must be <= train.rounds ({config.train.rounds})",
+                within=f"sweep file {source}",
             )
         interval = spec.scheduler.perturbation_interval
         if spec.scheduler.type == "pbt" and (
             interval >= config.train.rounds or interval % config.checkpoint.every or interval % config.eval.every
         ):
             raise ConfigError(
-                f"invalid sweep file {source}:\n  scheduler.perturbation_interval: {interval} must be < train.rounds "
+                "scheduler.perturbation_interval",
+                f"{interval} must be < train.rounds "
                 f"({config.train.rounds}) and a multiple of checkpoint.every ({config.checkpoint.every}) and of "
-                f"eval.every ({config.eval.every}): a trial is cloned from the engine checkpoint of a reported round"
+                f"eval.every ({config.eval.every}): a trial is cloned from the engine checkpoint of a reported round",
+                within=f"sweep file {source}",
             )
 
 

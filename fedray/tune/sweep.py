@@ -258,10 +258,12 @@ def resume_sweep(sweep_dir: str | Path, address: str | None = None, verbose: boo
     Tune keeps the search, scheduler and run config in ``tune/``; only the trainable is given again."""
     sweep_dir = Path(sweep_dir).resolve()
     if not (sweep_dir / META_FILE).is_file() or not (sweep_dir / SWEEP_FILE).is_file():
-        raise ConfigError(f"{sweep_dir} is not a fedray sweep directory (it needs {META_FILE} and {SWEEP_FILE})")
+        raise ConfigError(None, f"{sweep_dir} is not a fedray sweep directory (it needs {META_FILE} and {SWEEP_FILE})", within=None)
     experiment = experiment_dir(sweep_dir)
     if not (experiment / "tuner.pkl").is_file():
-        raise ConfigError(f"{sweep_dir} is not a resumable fedray sweep (it needs {TUNE_DIR}/{sweep_dir.name}/tuner.pkl)")
+        raise ConfigError(
+            None, f"{sweep_dir} is not a resumable fedray sweep (it needs {TUNE_DIR}/{sweep_dir.name}/tuner.pkl)", within=None
+        )
     if not trust_tune_state:
         verify_tune_state(sweep_dir, experiment)
     spec = load_sweep(sweep_dir / SWEEP_FILE)

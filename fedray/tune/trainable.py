@@ -218,7 +218,7 @@ def run_trial(values: dict[str, Any], *, spec: SweepSpec, sweep_dir: str) -> Non
     try:
         _run_trial(values, spec, Path(sweep_dir))
     except DETERMINISTIC_ERRORS as error:
-        tune.report({spec.metric: float("nan"), "round": 0, CONFIG_ERROR: str(error).removeprefix("invalid config:").strip()})
+        tune.report({spec.metric: float("nan"), "round": 0, CONFIG_ERROR: error.detail if isinstance(error, ConfigError) else str(error)})
 
 
 def _run_trial(values: dict[str, Any], spec: SweepSpec, sweep_dir: Path) -> None:

@@ -74,17 +74,21 @@ def verify_tune_state(sweep_dir: Path, experiment_dir: Path) -> None:
     accepted = recorded_digests(sweep_dir)
     if accepted is None:
         raise ConfigError(
-            f"{sweep_dir}: meta.json holds no digest of the Tune state, so fedray did not write it (or an older "
-            "version did); resuming would unpickle it. If you trust this folder, pass --trust-tune-state"
+            str(sweep_dir),
+            "meta.json holds no digest of the Tune state, so fedray did not write it (or an older "
+            "version did); resuming would unpickle it. If you trust this folder, pass --trust-tune-state",
+            within=None,
         )
     current = tune_state_digests(experiment_dir)
     changed = sorted(name for name, digest in current.items() if digest not in accepted.get(name, []))
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise ConfigError(
-            f"{sweep_dir}: the Tune state was not written by fedray (unrecorded or changed: {shown}); resuming would "
+            str(sweep_dir),
+            f"the Tune state was not written by fedray (unrecorded or changed: {shown}); resuming would "
             "unpickle it. If you trust this folder (e.g. its driver was killed in the instant Tune was saving), pass "
-            "--trust-tune-state"
+            "--trust-tune-state",
+            within=None,
         )
 
 

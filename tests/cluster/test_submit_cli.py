@@ -246,6 +246,23 @@ def test_the_token_reaches_the_job_server(fake_cluster, monkeypatch):
     assert FakeJobClient.instances[0].headers == {"Authorization": "Bearer secret"}
 
 
+def test_a_token_over_plain_http_to_another_machine_draws_a_warning(fake_cluster, monkeypatch, capsys):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret")
+    warned_for = {
+        "http://head:8265": True,
+        "http://10.0.0.5:8265": True,
+        "http://127.0.0.1:8265": False,
+        "http://localhost:8265": False,
+        "https://head:8265": False,
+    }
+    for address, warned in warned_for.items():
+        assert main(["jobs", "list", "--address", address]) == 0
+        assert ("token is sent unencrypted over plain http://" in capsys.readouterr().err) == warned, address
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    assert main(["jobs", "list", "--address", "http://head:8265"]) == 0
+    assert "unencrypted" not in capsys.readouterr().err  # no token, nothing to warn about
+
+
 # ---------------------------------------------------------------- jobs
 
 
