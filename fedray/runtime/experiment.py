@@ -35,6 +35,7 @@ from fedray.runtime.pool import LocalPool
 from fedray.runtime.resume import ResumeRecord, check_resumable, check_unfinished, config_changes, resume_command
 from fedray.runtime.ray_start import check_address, check_gpu_available, check_local_resources, ensure_ray, starts_local_ray, uses_ray
 from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
+from fedray.runtime.upload_path import PrivacyBudgetExhausted
 from fedray.runtime.state_store import (
     ClientStateError,
     ClientStateIOError,
@@ -390,6 +391,7 @@ def run_experiment(
     actor: Any = None  # the server actor (Ray backend)
     workers: list[Any] = []
     first_round_seconds: float | None = None
+    budget_spent: BaseException | None = None  # privacy.target_epsilon would be passed by the next round
     try:
         if state_claim is not None:
             state_claim.record()
@@ -405,7 +407,11 @@ def run_experiment(
         for callback in callbacks:
             callback.on_run_start(run)
         for round in range(start_round + 1, config.train.rounds + 1):
-            result = run.server.run_round(round)
+            try:
+                result = run.server.run_round(round)
+            except PrivacyBudgetExhausted as error:  # a planned end: the rounds so far are the run's, kept as a finished run's
+                budget_spent = innermost_cause(error)
+                break
             if first_round_seconds is None:
                 first_round_seconds = time.perf_counter() - started
             check_round(config, result["round"])
@@ -440,6 +446,8 @@ def run_experiment(
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:
         storage_sync.sync(run_dir)
+    if budget_spent is not None:
+        raise budget_spent
     return summary
 
 

@@ -6,6 +6,7 @@ code 3, its rounds so far kept."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -76,14 +77,17 @@ def test_tensorboard_has_an_epsilon_curve(private_run):
     assert [event.value for event in scalars] == pytest.approx(expected_epsilons(ROUNDS), rel=1e-6)  # stored as float32
 
 
-def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(tmp_path):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(tmp_path, backend):
     target = (expected_epsilons(3)[1] + expected_epsilons(3)[2]) / 2  # between rounds 2 and 3
-    result, run_dir = fedray_run(tmp_path, ["train.rounds=5", f"privacy.target_epsilon={target}"])
+    result, run_dir = fedray_run(tmp_path, ["train.rounds=5", f"privacy.target_epsilon={target}", f"resources.backend={backend}"])
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    # the progress bar of rounds 1-2 is left open, so the message may follow it on its line
     assert re.findall(r"fedray: [^\r\n]*", result.stderr) == [
         f"fedray: round 3 would spend ε = {expected_epsilons(3)[2]:.4g} > privacy.target_epsilon = {target:g} "
         f"(δ = {default_delta(POPULATION):g}); the run stops after round 2; raise the target, the noise multiplier or lower train.rounds"
     ]
     assert [row["dp_epsilon"] for row in read_metrics(run_dir)] == expected_epsilons(2)
+    # ended as a finished run of 2 rounds: metrics compacted, the summary written
+    assert (run_dir / "metrics.parquet").is_file() and not (run_dir / "metrics_parts").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
