@@ -35,7 +35,7 @@ from fedray.runtime.pool import LocalPool
 from fedray.runtime.resume import ResumeRecord, check_resumable, check_unfinished, config_changes, resume_command
 from fedray.runtime.ray_start import check_address, check_gpu_available, check_local_resources, ensure_ray, starts_local_ray, uses_ray
 from fedray.runtime.server import RemoteServer, Server, WorkerPoolError, start_worker
-from fedray.runtime.upload_path import PrivacyBudgetExhausted
+from fedray.runtime.upload_path import PrivacyBudgetExhausted, ServerUploadPath
 from fedray.runtime.state_store import (
     ClientStateError,
     ClientStateIOError,
@@ -206,6 +206,8 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         raise ConfigError("model.name", f"{first_line(error)} (data.name={config.data.name} has {data.info.describe()})") from None
     check_requirements(algorithm, model)
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
+    if config.privacy.enabled:
+        ServerUploadPath(config)  # a noise multiplier calibrated from privacy.target_epsilon that adaptive clipping cannot use
     return data
 
 

@@ -159,6 +159,11 @@ BAD = [
         "privacy.target_quantile: Input should be less than 1",
     ),
     ("clip-lr", [*ADAPTIVE, "privacy.noise_multiplier=0.5", "privacy.clip_lr=0"], "privacy.clip_lr: Input should be greater than 0"),
+    (  # z calibrated from the target: known only once the accountant has run, still before Ray starts
+        "calibrated-on-ray",
+        [*ADAPTIVE, "privacy.target_epsilon=0.5", "privacy.clipped_count_stddev=0.2", "resources.backend=ray"],
+        "privacy.clipped_count_stddev: σ_b = 0.2 must be > z/2 = ",
+    ),
 ]
 
 
