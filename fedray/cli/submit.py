@@ -107,6 +107,9 @@ def submit_command(args: argparse.Namespace) -> int:
     except RuntimeError as error:  # jobs.JobError, or the job server refusing the request
         print(f"fedray: {error}", file=sys.stderr)
         return 1
+    except jobs.RequestException as error:  # the connection broke off (the head went away, a proxy timed out)
+        print(f"fedray: {jobs.broken_request(address, error)}; check that it is up (fedray jobs list), then submit again", file=sys.stderr)
+        return 1
     print(f"submitted job {job_id}: {entrypoint}", flush=True)
     if not args.follow:
         print(f"follow it with: {jobs_command_line('logs', job_id, '--follow', address=address)}")
@@ -132,6 +135,9 @@ def jobs_command(args: argparse.Namespace) -> int:
             print(f"job {args.job_id}: {'stopping' if stopped else 'already finished'}")
     except RuntimeError as error:  # jobs.JobError, or the job server refusing (e.g. an unknown job id)
         print(f"fedray: {error}", file=sys.stderr)
+        return 1
+    except jobs.RequestException as error:
+        print(f"fedray: {jobs.broken_request(jobs.resolve_address(address), error)}", file=sys.stderr)
         return 1
     return 0
 

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, TextIO
 from urllib.parse import urlsplit
 
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
+from requests import RequestException
 
 from fedray.cluster import SUBMIT_ADDRESS_VARIABLE
 from fedray.config import ConfigError
@@ -40,6 +41,17 @@ FEDRAY_METADATA = {"submitted_by": "fedray"}
 # The job server's answer (HTTP 500) when the head node's dashboard agent, which runs the jobs, is not up.
 NO_AGENT = "No available agent to submit job"
 DEFAULT_AGENT_PORT = 52365  # Ray's default --dashboard-agent-listen-port
+
+
+def broken_request(address: str, error: RequestException) -> str:
+    """One line for a request to the job server that broke off (``requests``' errors print nested tuples)."""
+    return f"the job server at {address} broke off the request ({type(error).__name__}: {str(innermost_reason(error)).splitlines()[0]})"
+
+
+def innermost_reason(error: BaseException) -> BaseException:
+    while error.args and isinstance(error.args[-1], BaseException):
+        error = error.args[-1]
+    return error
 
 
 class JobError(RuntimeError):

@@ -406,12 +406,21 @@ def _load_tiny_imagenet(root: Path, download: bool) -> tuple[ArrayDataset, Array
             f"{base / 'wnids.txt'} ({len(train_folder.classes)} folders, {len(wnids)} wnids)",
             within=None,
         )
+    annotations = val / "val_annotations.txt"
     val_paths, val_labels = [], []
-    for line in (val / "val_annotations.txt").read_text().splitlines():
-        if line.strip():
-            file_name, wnid = line.split("\t")[:2]
-            val_paths.append(val / "images" / file_name)
-            val_labels.append(train_folder.class_to_idx[wnid])
+    for number, line in enumerate(annotations.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2 or fields[1] not in train_folder.class_to_idx:
+            problem = (
+                f"wnid {fields[1]!r} is not one of the {len(wnids)} in {base / 'wnids.txt'}"
+                if len(fields) >= 2
+                else "expected IMAGE<TAB>WNID<TAB>x0<TAB>y0<TAB>x1<TAB>y1"
+            )
+            raise ConfigError("data.name=tinyimagenet", f"{annotations} line {number}: {problem}, got {line[:100]!r}", within=None)
+        val_paths.append(val / "images" / fields[0])
+        val_labels.append(train_folder.class_to_idx[fields[1]])
 
     def read_image(path: Path) -> np.ndarray:
         try:

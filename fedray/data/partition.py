@@ -354,17 +354,21 @@ def _dirichlet_chunk(
         held = np.zeros(num_workers, dtype=np.int64)
         for c in range(num_classes):
             class_indices = pairs[pairs[:, 1] == c, 0]
-            proportions = random_state.dirichlet(concentration) * (held < fair_share)
-            if proportions.sum() == 0:  # every worker is full, which leaves no samples to split
-                continue
-            proportions /= proportions.sum()
-            cuts = (np.cumsum(proportions) * class_indices.shape[0]).astype(np.int64)[:-1]
+            # A tiny data.alpha makes the draw NaN (every gamma variate underflows to 0); like the official
+            # code, such a draw is used as it is and fails the check below, without numpy's warnings.
+            with np.errstate(invalid="ignore"):
+                proportions = random_state.dirichlet(concentration) * (held < fair_share)
+                if proportions.sum() == 0:  # every worker is full, which leaves no samples to split
+                    continue
+                proportions /= proportions.sum()
+                cuts = (np.cumsum(proportions) * class_indices.shape[0]).astype(np.int64)[:-1]
             for worker, piece in enumerate(np.split(class_indices, cuts)):
                 parts[worker].append(piece)
                 held[worker] += piece.shape[0]
         if held.min() >= int(0.5 * fair_share):
             return [np.concatenate(worker_parts) for worker_parts in parts]
-    raise ValueError(
-        f"dirichlet_equal_size: no draw in {_MAX_CHUNK_DRAWS} gave every one of {num_workers} "
-        f"workers at least half of its {fair_share:.1f} samples; raise data.alpha"
+    raise ConfigError(
+        "data.alpha",
+        f"data.partition=dirichlet_equal_size found no draw in {_MAX_CHUNK_DRAWS} that gave each of the {num_workers} clients "
+        f"sharing a chunk of {chunk_size} samples at least half of its {fair_share:.1f}; raise data.alpha (now {alpha:g})",
     )

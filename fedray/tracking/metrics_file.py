@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from fedray.layout import CHECKPOINTS_DIR, list_checkpoints
 from fedray.tracking.atomic import write_bytes_atomically
 from fedray.tracking.callbacks import Callback, RunContext
 
@@ -46,6 +47,7 @@ PARTS_DIR = "metrics_parts"
 MERGED_PARTS = 64  # parts merged into one (see the module docstring)
 MAX_UNWRITTEN_ROWS = 20_000  # rows held before a part is written, even within min_interval
 _PART = re.compile(r"^rounds_(\d+)-(\d+)\.parquet$")
+_ARROW_OPEN_PREFIX = re.compile(r"^Could not open Parquet input source '.*?': ")  # it repeats the path the message names
 Part = tuple[int, int, Path]  # first round, last round, path
 
 
@@ -53,6 +55,10 @@ class MetricsError(RuntimeError):
     """A run's metric files are damaged or incomplete, so a resume cannot rebuild its rows."""
 
     fedray_exit_code = 2  # the CLI prints the message alone: the run directory given is unusable
+
+    def __init__(self, message: str, path: Path | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason  # the damaged file, if one is, and what is wrong with it
 
 
 def write_parquet_atomically(table: pa.Table, path: Path) -> None:
@@ -114,8 +120,9 @@ def _read_table(path: Path) -> pa.Table:
     except FileNotFoundError:
         raise  # replaced by a wider part while being read: the caller lists the parts again
     except (OSError, pa.ArrowException) as error:
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise MetricsError(f"{path} is damaged ({reason})") from None
+        text = _ARROW_OPEN_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
+        reason = (text if len(text) <= 200 else text[:199] + "…") or type(error).__name__
+        raise MetricsError(f"{path} is damaged ({reason})", path, reason) from None
 
 
 def read_metrics_table(run_dir: str | Path) -> pa.Table | None:
@@ -179,15 +186,43 @@ def check_metrics_cover(run_dir: str | Path, round: int) -> None:
     try:
         table = read_metrics_table(run_dir)
     except MetricsError as error:
-        raise MetricsError(f"cannot resume {run_dir}: {error}; the rows of the rounds it holds cannot be rebuilt") from None
+        if error.path is None:
+            raise
+        match = _PART.match(error.path.name)
+        first_lost, last_lost = (int(match.group(1)), int(match.group(2))) if match else (1, None)  # metrics.parquet: every round
+        damaged = f"{PARTS_DIR}/{error.path.name}" if match else error.path.name  # in the run directory
+        lost = "every round" if last_lost is None else _rounds(first_lost, last_lost)
+        raise MetricsError(
+            f"cannot resume {run_dir}: {damaged} is damaged ({error.reason}), so the metrics of {lost} cannot be rebuilt; "
+            + _fallback(run_dir, first_lost, [damaged] if match else []),
+            error.path,
+            error.reason,
+        ) from None
     have = set() if table is None else {r["round"] for r in table.select(["round", "scope"]).to_pylist() if r["scope"] == "round"}
     missing = [r for r in range(1, round + 1) if r not in have]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
         raise MetricsError(
             f"cannot resume {run_dir}: the metrics of round(s) {shown} (up to the checkpoint of round {round}) "
-            f"are missing from {PARTS_DIR}/ and {METRICS_FILE} (deleted?); they cannot be rebuilt"
+            f"are missing from {PARTS_DIR}/ and {METRICS_FILE} (deleted?), so they cannot be rebuilt; " + _fallback(run_dir, missing[0], [])
         )
+
+
+def _rounds(first: int, last: int) -> str:
+    return f"round {first}" if first == last else f"rounds {first}-{last}"
+
+
+def _fallback(run_dir: str | Path, first_lost: int, damaged: list[str]) -> str:
+    """The remedy for metrics lost from round ``first_lost`` on: delete the ``damaged`` files (paths in
+    the run directory) and the checkpoints after the newest one before ``first_lost``, and resume from
+    that one (the rows up to it are intact; the later ones are recomputed)."""
+    intact = f"the metrics of {_rounds(1, first_lost - 1)} are intact" if first_lost > 1 else "no round's metrics are intact"
+    checkpoints = list_checkpoints(run_dir)
+    usable = [r for r, _ in checkpoints if r < first_lost]
+    if not usable:
+        return f"{intact} and no checkpoint before round {first_lost} is left: start the run again under a new output.name"
+    delete = damaged + [f"{CHECKPOINTS_DIR}/{path.name}" for r, path in checkpoints if r > usable[-1]]
+    return f"{intact}: delete {', '.join(delete)}, then resume again to continue from the checkpoint of round {usable[-1]}"
 
 
 class MetricsParquet(Callback):

@@ -3,6 +3,7 @@ reach a ``output.dir`` URI (pyarrow's local filesystem, ``file://``)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -10,10 +11,12 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import ray
 from ray.job_submission import JobDetails, JobStatus
 
 from fedray.cli.main import main
@@ -286,6 +289,82 @@ def test_an_unreachable_cluster_is_a_runtime_error(monkeypatch, capsys):
         monkeypatch.delenv(name, raising=False)
     assert main(["jobs", "list", "--address", "http://127.0.0.1:9"]) == 1
     assert "cannot reach the Ray job server at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+class AgentlessJobServer(http.server.BaseHTTPRequestHandler):
+    """Answers as Ray's job server does when its head's dashboard agent never started: the version
+    check and the working directory's upload succeed, the submission is HTTP 500 with the text of
+    ray/dashboard/modules/job/job_head.py (``JobHead.submit_job``)."""
+
+    def do_GET(self):
+        if self.path == "/api/version":
+            self._answer(200, json.dumps({"version": "4", "ray_version": ray.__version__, "ray_commit": ray.__commit__}))
+        else:  # /api/packages/gcs/<package>: not uploaded yet
+            self._answer(404, "")
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(200, "")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(500, "No available agent to submit job, please try again later.")
+
+    def _answer(self, status: int, body: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+class DroppingJobServer(AgentlessJobServer):
+    """A job server that closes the connection when the job is submitted (its head went away)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.close_connection = True
+
+
+def submit_to(server_class: type, monkeypatch, tmp_path) -> tuple[int, str]:
+    """``fedray submit`` of a small run to a job server answering as ``server_class``: (exit code, address)."""
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "run.yaml").write_text("train: {rounds: 2}\n")
+    monkeypatch.chdir(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), server_class)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        return main(
+            ["submit", "--address", address, "--working-dir", "work", "--", "run", "work/run.yaml", "--set", "output.dir=/shared"]
+        ), address
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_job_server_without_an_agent_is_one_line_naming_the_cause_and_the_log(monkeypatch, tmp_path, capsys):
+    """Ray's JobSubmissionClient turns the 500 into ``RuntimeError("Request failed with status code 500:
+    No available agent to submit job, please try again later..")``; fedray says why that happens (the
+    agent's port taken by another Ray) and which log shows it."""
+    code, address = submit_to(AgentlessJobServer, monkeypatch, tmp_path)
+    assert code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedray: the job server at {address} has no job agent to run the job on"), line
+    assert "another Ray on the head's machine holds the dashboard agent's port (52365" in line
+    assert "dashboard_agent.log" in line and "session_latest/logs/" in line
+
+
+def test_a_job_server_that_drops_the_submission_is_one_line(monkeypatch, tmp_path, capsys):
+    code, address = submit_to(DroppingJobServer, monkeypatch, tmp_path)
+    assert code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedray: the job server at {address} broke off the request (") and "submit again" in line, line
 
 
 # ---------------------------------------------------------------- results at a URI

@@ -46,6 +46,11 @@ def _tiny_imagenet_with_a_corrupt_jpeg(root: Path) -> None:
     (base / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn01\t0\t0\t63\t63\n")
 
 
+def _tiny_imagenet_with_spaces_for_tabs(root: Path) -> None:
+    _tiny_imagenet_with_a_corrupt_jpeg(root)
+    (root / "tiny-imagenet-200" / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn01\t0\t0\t63\t63\nval_1.JPEG n02 0 0 63 63\n")
+
+
 # (id, fedray arguments, files to create {name: text | bytes | callable(dir)}, text the error must contain)
 CASES = [
     # --- config values (rejected in milliseconds, before torch is imported)
@@ -148,6 +153,18 @@ CASES = [
         ["run", "--set", "data.name=tinyimagenet", "--set", "data.root=tiny"],
         {"tiny": _tiny_imagenet_with_a_corrupt_jpeg},
         "data.name=tinyimagenet: cannot read the image tiny/tiny-imagenet-200/train/n02/images/n02_1.JPEG",
+    ),
+    (
+        "malformed-tiny-imagenet-annotation",
+        ["run", "--set", "data.name=tinyimagenet", "--set", "data.root=tiny"],
+        {"tiny": _tiny_imagenet_with_spaces_for_tabs},
+        "data.name=tinyimagenet: tiny/tiny-imagenet-200/val/val_annotations.txt line 2: expected IMAGE<TAB>WNID",
+    ),
+    (
+        "hopeless-dirichlet-equal-size",
+        ["run", "--set", "data.partition=dirichlet_equal_size", "--set", "data.alpha=1e-6"],
+        {},
+        "data.alpha: data.partition=dirichlet_equal_size found no draw in 1000 that gave each of the 10 clients",
     ),
 ]
 

@@ -412,6 +412,33 @@ def test_tiny_imagenet_from_image_folder(tmp_path: Path) -> None:
     assert info.augmentation == "crop_flip"
 
 
+@pytest.mark.parametrize(
+    ("bad_line", "problem"),
+    [
+        ("val_1.JPEG n01 0 0 63 63", "expected IMAGE<TAB>WNID<TAB>x0<TAB>y0<TAB>x1<TAB>y1, got 'val_1.JPEG n01 0 0 63 63'"),
+        ("val_1.JPEG\tn77\t0\t0\t63\t63", "wnid 'n77' is not one of the 2 in"),
+    ],
+    ids=["spaces-for-tabs", "unknown-wnid"],
+)
+def test_a_malformed_tiny_imagenet_annotation_names_the_file_and_line(tmp_path: Path, bad_line: str, problem: str) -> None:
+    from PIL import Image
+
+    base = tmp_path / "tiny-imagenet-200"
+    (base / "val" / "images").mkdir(parents=True)
+    (base / "wnids.txt").write_text("n01\nn02\n")
+    for wnid in ("n01", "n02"):
+        (base / "train" / wnid / "images").mkdir(parents=True)
+        Image.new("RGB", (64, 64)).save(base / "train" / wnid / "images" / f"{wnid}_0.JPEG")
+    for i in range(2):
+        Image.new("RGB", (64, 64)).save(base / "val" / "images" / f"val_{i}.JPEG")
+    annotations = base / "val" / "val_annotations.txt"
+    annotations.write_text(f"val_0.JPEG\tn02\t0\t0\t63\t63\n\n{bad_line}\n")  # the blank line 2 is skipped but counted
+    with pytest.raises(ConfigError) as raised:
+        load_dataset(DataConfig(name="tinyimagenet", root=str(tmp_path)), seed=0)
+    assert raised.value.key == "data.name=tinyimagenet"
+    assert raised.value.message.startswith(f"{annotations} line 3: {problem}")
+
+
 MISSING_FILE_HINTS = {
     "mnist": "MNIST/raw/",
     "fmnist": "apt-get install -y dataset-fashion-mnist",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 
 import numpy as np
 import pytest
@@ -201,6 +202,19 @@ def test_dirichlet_equal_size_needs_ten_clients(digit_labels: np.ndarray) -> Non
     cfg = DataConfig(partition="dirichlet_equal_size", num_clients=6)
     with pytest.raises(ValueError, match="num_clients >= 10"):
         partition_labels(digit_labels, cfg, seed=0)
+
+
+def test_dirichlet_equal_size_refuses_a_hopeless_alpha_naming_clients_without_numpy_warnings(digit_labels: np.ndarray) -> None:
+    cfg = DataConfig(partition="dirichlet_equal_size", num_clients=10, alpha=1e-6, imbalance_ratio=1.0)  # every draw underflows to NaN
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning would be printed before the refusal
+        with pytest.raises(ConfigError) as raised:
+            partition_labels(digit_labels, cfg, seed=0)
+    assert raised.value.key == "data.alpha"
+    assert raised.value.message == (
+        "data.partition=dirichlet_equal_size found no draw in 1000 that gave each of the 10 clients sharing a chunk of "
+        "1437 samples at least half of its 143.7; raise data.alpha (now 1e-06)"
+    )
 
 
 def test_split_client_test(digit_labels: np.ndarray) -> None:

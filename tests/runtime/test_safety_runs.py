@@ -174,6 +174,36 @@ def test_metric_parts_deleted_during_a_run_are_written_again_from_memory_with_a_
     assert {row["round"] for row in read_metrics(damaged.run_dir, "client")} == {3, 4, 5, 6}
 
 
+def test_a_damaged_metric_part_is_refused_in_one_line_whose_remedy_resumes(tmp_path):
+    overrides = LOCAL_RUN + ["train.rounds=6", f"output.dir={tmp_path}"]
+    with pytest.raises(RuntimeError, match="simulated driver crash"):
+        run_experiment(load_config(None, overrides + ["output.name=cut"]), progress=False, extra_callbacks=[CrashAfterRound(5)])
+    run_dir = tmp_path / "cut"
+    assert [r for r, _ in list_checkpoints(run_dir)] == [2, 4]
+    part = next(path for first, last, path in list_parts(run_dir) if (first, last) == (3, 4))
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])  # cut short, as by a full disk
+
+    result = finished(fedray_cli("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path))
+    assert_rejected(
+        result,
+        f"fedray: cannot resume {run_dir}: metrics_parts/rounds_000003-000004.parquet is damaged (Parquet magic bytes not found "
+        "in footer. Either the file is corrupted or this is not a parquet file.), so the metrics of rounds 3-4 cannot be rebuilt; ",
+    )
+    remedy = re.search(
+        r"the metrics of rounds 1-2 are intact: delete (.+), then resume again to continue from the checkpoint of round 2$",
+        result.stderr.strip(),
+    )
+    assert remedy is not None, result.stderr
+    assert remedy.group(1).split(", ") == ["metrics_parts/rounds_000003-000004.parquet", "checkpoints/round_000004.pt"]
+
+    for name in remedy.group(1).split(", "):  # follow the advice
+        (run_dir / name).unlink()
+    resume_experiment(run_dir, progress=False)
+    whole = run_experiment(load_config(None, overrides + ["output.name=whole"]), progress=False)
+    assert comparable_rows(round_rows(run_dir)) == comparable_rows(round_rows(whole.run_dir))
+    assert {row["round"] for row in read_metrics(run_dir, "client")} == set(range(1, 7))
+
+
 # --------------------------------------------------------------------- 4. resuming an edited config
 
 
