@@ -1,5 +1,5 @@
-"""The seed papers' global-model baselines end to end through ``run_experiment`` on the session's
-local Ray (tiny digits runs): each learns, reports finite metrics and keeps its own server / client
+"""The seed papers' global-model baselines end to end through ``run_experiment`` (tiny digits runs;
+two workers on the local backend, the crash-and-resume tests on the session's local Ray): each learns, reports finite metrics and keeps its own server / client
 state; the server optimizers' moments and SCAFFOLD's control variates survive a crash and resume."""
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ def final_server_state(run_dir) -> dict:
     ],
     ids=["fedavgm", "fedprox+yogi", "scaffold", "fedavgm+fedlc", "fedntd", "feddecorr", "feddyn", "fedproc"],
 )
-def test_baseline_trains_on_ray(ray_session, tmp_path, overrides, server_keys, client_terms):
-    summary = run_experiment(tiny_config(tmp_path, *overrides), progress=False)
+def test_baseline_trains_end_to_end(tmp_path, overrides, server_keys, client_terms):
+    # Two workers in this process (the local backend: bit-identical to two Ray workers, which
+    # tests/runtime/test_backends.py checks); the resume tests below run on Ray.
+    summary = run_experiment(tiny_config(tmp_path, *overrides, "resources.backend=local"), progress=False)
     rows = read_metrics(tmp_path / "run", "round")
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["test_loss"]) for r in rows)
