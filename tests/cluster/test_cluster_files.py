@@ -99,7 +99,7 @@ def test_dockerfile_installs_fedray_with_its_configs(dockerfile):
             copied.update(sources)
     assert {"fedray", "examples", "tune_configs", "pyproject.toml"} <= copied
     assert all((ROOT / name).exists() for name in copied)
-    assert f"RUN pip install --no-cache-dir {IMAGE_DIR}" in dockerfile
+    assert f'RUN pip install --no-cache-dir "{IMAGE_DIR}[cluster]"' in dockerfile  # ray[default]: the head's job server
 
 
 def test_raycluster_has_a_cpu_head_and_a_gpu_worker_group(kuberay):
