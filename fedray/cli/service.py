@@ -10,7 +10,6 @@ when it stopped the service, 1 when none was running.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedray.config import ConfigError
+from fedray.runtime.processes import usable_cores
 
 if TYPE_CHECKING:
     from fedray.runtime.service import ServiceState
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`fedray run`, `fedray tune` and `fedray submit` without --address use it instead of starting Ray.",
     )
     up.add_argument("--results", default="runs", metavar="DIR", help="folder the dashboard shows (default: runs, output.dir's default)")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     up.add_argument("--num-cpus", type=int, default=cores, metavar="N", help=f"CPUs the runs may reserve (default: this machine's {cores})")
     up.add_argument(
         "--warm-workers",

@@ -27,6 +27,11 @@ RAY_NODE_PORT_FLAGS = (
 RAY_HEAD_PORT_FLAGS = ("--ray-client-server-port",)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:

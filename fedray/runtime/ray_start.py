@@ -24,6 +24,7 @@ import ray
 from fedray.config import ConfigError, RunConfig
 from fedray.config.schema import ResourcesConfig
 from fedray.runtime.errors import RunError, first_line
+from fedray.runtime.processes import usable_cores
 
 logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0  # to reach a cluster's address before handing it to ray.init, which waits minutes
@@ -94,7 +95,7 @@ def check_local_resources(config: RunConfig) -> None:
     the cores."""
     resources = config.resources
     check_gpu_available(resources)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     needed = resources.reserved_cpus
     if needed > MAX_LOCAL_OVERSUBSCRIPTION * cores:
         raise ConfigError(
