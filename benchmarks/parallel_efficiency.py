@@ -4,10 +4,12 @@ Workload (issue 18): Fashion-MNIST (60,000 train / 10,000 test images, 28×28), 
 samples each; ``--partition dirichlet``: α = 0.5, 600 on average), 10 per round, FedAvg, ``cnn_small``,
 2 local epochs, batch 32, SGD lr 0.05, the global model evaluated on the 10,000 test images every
 round (``--eval-every 5``: the protocol of benchmarks/real_table.py). ``--dataset digits`` runs W1 of
-benchmarks/w1_overhead.py instead (1000 tiny clients, 100 per round).
+benchmarks/w1_overhead.py instead (1000 tiny clients, 100 per round); ``--dataset pfl`` pfl-research's
+benchmark shape (W3 of benchmarks/gpu_check.py with ``cnn_cifar``, on CPU workers: CIFAR-shaped
+images, 1000 users × 50, cohort 50, batch 10, 1 local epoch).
 
 The same config runs with ``resources.num_workers=1`` and ``=2`` (``cpus_per_worker=1``) in one
-invocation, on one local Ray. Steady state = median seconds per round at the driver over rounds
+invocation, on one local Ray (``resources.backend=ray``, also for the one worker). Steady state = median seconds per round at the driver over rounds
 3..N-1 (warm-up and the final checkpoint round left out); with ``--eval-every 5`` compare the mean
 over those rounds instead (``--rounds 13``: ten rounds, two of them evaluated). Target: speed-up ≥ 1.8.
 
@@ -38,6 +40,7 @@ import ray
 
 from fedray import load_config
 from fedray.runtime import run_experiment
+from gpu_check import w3
 from w1_overhead import W1, RoundClock, steady
 
 TARGET = 1.8
@@ -137,7 +140,7 @@ def breakdown(events: list[dict[str, Any]], rounds: slice) -> dict[str, float]:
 
 
 def run(overrides: list[str], workers: int, cpus_per_worker: int, out_dir: str) -> dict[str, Any]:
-    resources = [f"resources.num_workers={workers}", f"resources.cpus_per_worker={cpus_per_worker}"]
+    resources = ["resources.backend=ray", f"resources.num_workers={workers}", f"resources.cpus_per_worker={cpus_per_worker}"]
     config = load_config(None, overrides + resources + [f"output.dir={out_dir}"])
     clock = WorkerClock()
     started_us = time.time() * 1e6  # Ray's timeline stamps events in µs since the epoch
@@ -160,7 +163,7 @@ def run(overrides: list[str], workers: int, cpus_per_worker: int, out_dir: str) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", choices=["fmnist", "digits"], default="fmnist")
+    parser.add_argument("--dataset", choices=["fmnist", "digits", "pfl"], default="fmnist")
     parser.add_argument("--partition", choices=sorted(PARTITIONS), default="iid", help="fmnist only")
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=8, help="per run; rounds 3..N-1 are the steady state")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 4:
         parser.error("--rounds must be at least 4 (two warm-up rounds, the checkpoint round, one measured)")
 
-    base = W1 if args.dataset == "digits" else FMNIST + PARTITIONS[args.partition]
+    base = {"digits": W1, "pfl": w3("cnn_cifar", quick=False)}.get(args.dataset) or FMNIST + PARTITIONS[args.partition]
     overrides = base + [f"train.rounds={args.rounds}", f"eval.every={args.eval_every}"] + args.extra
     shapes = [(1, 1), (2, 1)] + ([(1, 2)] if args.threads else [])  # (workers, CPUs per worker)
     with tempfile.TemporaryDirectory() as scratch:
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(runs["1x1"]["figures"])
     width = max(map(len, names))
     print(
-        f"{args.dataset} {'' if args.dataset == 'digits' else args.partition}, eval every {args.eval_every}, {args.rounds} rounds per run"
+        f"{args.dataset} {args.partition if args.dataset == 'fmnist' else ''}, eval every {args.eval_every}, {args.rounds} rounds per run"
     )
     print(f"{'seconds per round (median)':<{width}}" + "".join(f"  {w} worker(s) x {c} CPU" for w, c in shapes))
     for name in names:
