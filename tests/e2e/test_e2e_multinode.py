@@ -23,10 +23,11 @@ import pytest
 import torch
 import yaml
 
+from fedray import load_config
 from fedray.testing.cluster import LocalCluster
 from fedray.testing.s3 import LocalS3
 from fedray.cluster.placement import WORKERS_FILE
-from fedray.runtime import list_checkpoints, load_checkpoint
+from fedray.runtime import list_checkpoints, load_checkpoint, run_experiment
 from fedray.runtime.state_store import open_location
 from fedray.tracking import read_metrics
 
@@ -141,7 +142,18 @@ def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_
             {
                 "name": "cluster-sweep",
                 "base": "run.yaml",  # relative to the sweep file: uploaded with the working directory
-                "overrides": ["train.rounds=2", "resources.num_workers=1", "resources.placement_strategy=PACK"],
+                # DP-FedAvg with simulated devices and int8 uploads: privacy and systems work on a cluster
+                "overrides": [
+                    "train.rounds=2",
+                    "resources.num_workers=1",
+                    "resources.placement_strategy=PACK",
+                    "privacy.mechanism=central",
+                    "privacy.clip=0.5",
+                    "privacy.noise_multiplier=1.0",
+                    "privacy.delta=1e-3",
+                    "systems.enabled=true",
+                    "systems.compression.method=int8",
+                ],
                 "space": {"data.alpha": {"grid": [0.5]}},
                 "output": {"dir": str(tmp_path / "sweeps")},
             }
@@ -152,6 +164,9 @@ def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_
     [sweep_dir] = (tmp_path / "sweeps").iterdir()
     [trial] = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
     assert (trial["status"], trial["round"]) == ("TERMINATED", 2)
+    rounds = read_metrics(sweep_dir / trial["run_dir"], "round")
+    assert all(r["dp_epsilon"] > 0 and r["dp_noise_multiplier"] == 1.0 for r in rounds)
+    assert all(0 < r["bytes_up"] < r["bytes_down"] / 3 and r["sim_time"] > 0 for r in rounds)
 
 
 def test_run_survives_losing_the_second_node(cluster, work_dir, fault_free_run, tmp_path):
@@ -226,15 +241,18 @@ def finish(process: subprocess.Popen) -> None:
 def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path, algorithm, mode):
     """No directory is shared for client state: it lives on the S3 endpoint. Clients of the second
     node's worker move to its replacement on the head, which reads their state from S3; the run
-    ends with the weights and metrics of an uninterrupted run. MOON runs from a driver connected to
-    the cluster, FedCoSR as a submitted job."""
+    ends with the weights and metrics of an uninterrupted run (the same config on the local backend
+    in this process, bit-identical to an uninterrupted cluster run: tests/runtime/test_backends.py).
+    MOON runs from a driver connected to the cluster, FedCoSR as a submitted job."""
     the_cluster, second, nodes = second_node(cluster)
     config = stateful_config(work_dir, algorithm)
     results = tmp_path / "runs"
-    common = [config, "--quiet", "--set", f"output.dir={results}", "--set", f"output.client_state_dir={s3.uri(f'state-{algorithm}')}"]
-    finish(start_run(the_cluster, work_dir, tmp_path / "reference.log", mode, *common, "--set", "output.name=reference"))
+    state_dir = f"output.client_state_dir={s3.uri(f'state-{algorithm}')}"
+    reference = load_config(config, [f"output.dir={results}", state_dir, "output.name=reference", "resources.backend=local"])
+    run_experiment(reference, progress=False)
 
-    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", mode, *common, "--set", "output.name=faulted")
+    common = [config, "--quiet", "--set", f"output.dir={results}", "--set", state_dir, "--set", "output.name=faulted"]
+    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", mode, *common)
     run_dir = results / "faulted"
     deadline = time.monotonic() + 300
     while not list_checkpoints(run_dir):  # round 1 is done: both nodes have workers at work
