@@ -143,6 +143,11 @@ class Algorithm:
         self.info = info
         self.params = self.Params.model_validate(config.algorithm.model_extra or {})
 
+    def run_uploads(self) -> frozenset[Upload]:
+        """What ``client_update`` uploads with this run's params: ``uploads`` unless a setting leaves
+        one of them out (privacy checks and handles these)."""
+        return type(self).uploads
+
     # ----------------------------------------------------------------- models
     def model_key(self, client_id: int | None) -> str:
         """Which model instance a client uses; workers keep one instance per key. Algorithms with

@@ -145,7 +145,16 @@ def probe_reg_loss(
 
 class FedCoSR(PersonalizedAlgorithm):
     name = "fedcosr"
-    uploads = frozenset({MODEL_WEIGHTS, Upload("class representations", sums=("centroid_sums", "centroid_counts"))})
+    uploads = frozenset(
+        {
+            MODEL_WEIGHTS,
+            Upload(
+                "class representations",
+                sums=("centroid_sums", "centroid_counts"),
+                clipped=(("centroid_sums", "clip_prototypes"), ("centroid_counts", "clip_counts")),
+            ),
+        }
+    )
     Params = FedCoSRParams
     params: FedCoSRParams
 

@@ -73,7 +73,11 @@ def prototype_upload(class_sums: Tensor, class_counts: Tensor, weighting: str) -
 
 class FedProc(FedAvg):
     name = "fedproc"
-    uploads = FedAvg.uploads | {Upload("prototypes", sums=("proto_sum", "proto_weight"))}
+    uploads = FedAvg.uploads | {
+        Upload(
+            "prototypes", sums=("proto_sum", "proto_weight"), clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts"))
+        )
+    }
     Params = FedProcParams
     params: FedProcParams
 

@@ -81,7 +81,16 @@ def prototype_alignment(features: Tensor, labels: Tensor, prototypes: Tensor, pr
 
 class FedProto(Algorithm):
     name = "fedproto"
-    uploads = frozenset({MODEL_WEIGHTS, Upload("prototypes", sums=("class_sums", "class_counts"))})
+    uploads = frozenset(
+        {
+            MODEL_WEIGHTS,
+            Upload(
+                "prototypes",
+                sums=("class_sums", "class_counts"),
+                clipped=(("class_sums", "clip_prototypes"), ("class_counts", "clip_counts")),
+            ),
+        }
+    )
     Params = FedProtoParams
     params: FedProtoParams
 

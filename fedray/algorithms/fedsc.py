@@ -213,7 +213,17 @@ class LastEpochClassSums:
 
 class FedSC(Algorithm):
     name = "fedsc"
-    uploads = frozenset({MODEL_WEIGHTS, Upload("prototypes", payload=("prototypes", "class_present", "num_samples", "discrepancy"))})
+    uploads = frozenset(
+        {
+            MODEL_WEIGHTS,
+            Upload(
+                "prototypes",
+                payload=("prototypes", "class_present", "num_samples", "discrepancy"),
+                clipped=(("prototypes", "clip_prototypes"),),
+                constant=("class_present", "num_samples", "discrepancy"),  # every class, uniform e_k (Eq. 11)
+            ),
+        }
+    )
     Params = FedSCParams
     params: FedSCParams
 

@@ -178,12 +178,27 @@ def knowledge_transform(mean_logits: Tensor, transform: str) -> Tensor:
 
 # ----------------------------------------------------------------------------- algorithm
 
+LOGIT_KNOWLEDGE = Upload(
+    "logit knowledge",
+    payload=("knowledge", "class_present", "num_samples"),
+    clipped=(("knowledge", "clip_logits"),),
+    constant=("class_present", "num_samples"),  # every class, uniform b_k (Eq. 4)
+)
+#: ``gda_mode`` paper/normalized: each client's flat weights, which GDA weighs one by one
+WEIGHTS_PER_CLIENT = Upload("model weights per client", payload=("weights",), avoided_by="algorithm.gda_mode=fedavg")
+
 
 class FedSKC(Algorithm):
     name = "fedskc"
-    uploads = frozenset({MODEL_WEIGHTS, Upload("logit knowledge", payload=("knowledge", "class_present", "num_samples", "weights"))})
+    uploads = frozenset({MODEL_WEIGHTS, LOGIT_KNOWLEDGE, WEIGHTS_PER_CLIENT})
     Params = FedSKCParams
     params: FedSKCParams
+
+    def run_uploads(self) -> frozenset[Upload]:
+        """The weights go through the sums with ``gda_mode="fedavg"``, per client otherwise."""
+        if self.params.gda_mode == "fedavg":
+            return frozenset({MODEL_WEIGHTS, LOGIT_KNOWLEDGE})
+        return frozenset({LOGIT_KNOWLEDGE, WEIGHTS_PER_CLIENT})
 
     def init_server_state(self, model: FedModel) -> ServerState:
         num_classes = self.info.num_classes

@@ -6,23 +6,35 @@ An algorithm lists its uploads in ``uploads`` (a class attribute of
 :class:`~fedray.algorithms.base.Algorithm`, extended with ``|`` as ``requires`` is)::
 
     class FedProc(FedAvg):
-        uploads = FedAvg.uploads | {Upload("prototypes", sums=("proto_sum", "proto_weight"))}
+        uploads = FedAvg.uploads | {
+            Upload(
+                "prototypes",
+                sums=("proto_sum", "proto_weight"),
+                clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts")),
+            )
+        }
 
-With ``privacy.mechanism`` or ``robust.*`` set, :func:`check_uploads` (called by
-:func:`fedray.algorithms.requirements.check_requirements`) refuses an algorithm that declares nothing
-or declares an upload the mechanism cannot handle, and the worker refuses an update with a key its
-algorithm did not declare (:func:`undeclared_keys`).
+Under ``privacy.mechanism`` every key of an upload other than :data:`MODEL_WEIGHTS` must be either
+``clipped`` (clipped per client to its bound ``privacy.<bound>`` and noised with the Gaussian
+mechanism, :mod:`fedray.runtime.upload_path`) or ``constant`` (replaced by ones on every client: a
+presence mask of every class, a unit weight, which reveal nothing); an upload with any other key
+cannot be made private and is refused. With ``privacy.mechanism`` or ``robust.*`` set,
+:func:`check_uploads` (called by :func:`fedray.algorithms.requirements.check_requirements`) refuses
+an algorithm that declares nothing or declares an upload the mechanism cannot handle, and the worker
+refuses an update with a key its algorithm did not declare (:func:`undeclared_keys`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fedray.config import ConfigError, RunConfig
 
 if TYPE_CHECKING:
     from fedray.algorithms.base import Algorithm, ClientUpdate
+    from fedray.config.privacy import PrivacyConfig
 
 
 @dataclass(frozen=True)
@@ -34,13 +46,31 @@ class Upload:
     kind: str
     sums: tuple[str, ...] = ()
     payload: tuple[str, ...] = ()
+    #: (key, bound) pairs: the tensors privacy clips, all by one factor per client so that each is
+    #: within ``privacy.<bound>`` (a class-sum and its count keep their ratio), then noises
+    clipped: tuple[tuple[str, str], ...] = ()
+    #: keys replaced by ``torch.ones_like`` under privacy (the same for every client)
+    constant: tuple[str, ...] = ()
+    #: the setting that leaves this upload out, named when privacy refuses it
+    avoided_by: str = ""
+
+
+@dataclass(frozen=True)
+class PrivatePart:
+    """One tensor that privacy clips and noises: ``key`` in the update's ``sums`` (noised on the sum
+    under central DP) or its ``payload`` (per client: noised one by one), clipped to ``privacy.<bound>``."""
+
+    key: str
+    travels_in: Literal["sums", "payload"]
+    bound: str
 
 
 #: The model weights of a weighted-mean algorithm: ``sums["weights"] = n_k · w_k`` and
 #: ``sums["num_samples"] = n_k`` (:func:`fedray.algorithms.base.weighted_sums`), a client's ``w_k``
 #: being comparable with ``broadcast["weights"]``, and the server's new weights
-#: ``sums["weights"] / sums["num_samples"]`` (possibly followed by a server optimizer). The only kind
-#: the upload path clips, noises and aggregates robustly: it rewrites these two sums.
+#: ``sums["weights"] / sums["num_samples"]`` (possibly followed by a server optimizer). The upload path
+#: clips it as the delta against the broadcast weights, and rewrites these two sums (the only kind
+#: robust rules and attacks handle).
 MODEL_WEIGHTS = Upload("model weights", sums=("weights", "num_samples"))
 
 
@@ -53,23 +83,74 @@ def undeclared_keys(algorithm: type[Algorithm], update: ClientUpdate) -> list[st
     )
 
 
+def private_parts(algorithm: Algorithm) -> list[PrivatePart]:
+    """The tensors other than the model weights that privacy clips and noises, in a fixed order (their
+    noise streams are numbered by it, from 1; the model weights are part 0)."""
+    parts = []
+    for upload in sorted(algorithm.run_uploads(), key=lambda upload: upload.kind):
+        for key, bound in upload.clipped:
+            parts.append(PrivatePart(key, "sums" if key in upload.sums else "payload", bound))
+    return parts
+
+
+def released_parts(algorithm: Algorithm) -> int:
+    """P, the number of tensors each client releases per round under privacy (the model weights and
+    every :func:`private_parts`): each is noised with multiplier √P·z so that together they cost
+    one Gaussian mechanism of multiplier z (:func:`fedray.privacy.mechanisms.part_noise_multiplier`)."""
+    return int(MODEL_WEIGHTS in algorithm.run_uploads()) + len(private_parts(algorithm))
+
+
 def check_uploads(algorithm: Algorithm) -> None:
-    """Raise :class:`ConfigError` if ``privacy``/``robust`` are on and ``algorithm`` uploads anything
-    but :data:`MODEL_WEIGHTS`."""
+    """Raise :class:`ConfigError` if ``privacy``/``robust`` are on and ``algorithm`` uploads what they
+    cannot handle: robust rules and attacks handle :data:`MODEL_WEIGHTS` only; privacy also every
+    upload whose keys are all ``clipped`` or ``constant``, each bound given (finite unless the noise
+    multiplier is 0), a per-client part under central DP with ``privacy.sampling: fixed_size`` only."""
     config: RunConfig = algorithm.config
-    keys = [key for key, on in (("privacy.mechanism", config.privacy.enabled), ("robust.*", config.robust.enabled)) if on]
+    privacy = config.privacy
+    keys = [key for key, on in (("privacy.mechanism", privacy.enabled), ("robust.*", config.robust.enabled)) if on]
     if not keys:
         return
     cls = type(algorithm)
     name = cls.name or cls.__name__
     if not cls.uploads:
         message = f"{name} does not declare what it uploads (Algorithm.uploads), so it cannot be made private or robust"
-    elif cls.uploads != {MODEL_WEIGHTS}:
-        others = ", ".join(sorted(upload.kind for upload in cls.uploads - {MODEL_WEIGHTS}))
-        message = (
-            f"{name} uploads {others}, which the upload path cannot clip, noise or aggregate robustly yet "
-            "(it handles model weights of weighted-mean algorithms); it would send them in the clear"
+        raise ConfigError(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")
+    others = sorted(algorithm.run_uploads() - {MODEL_WEIGHTS}, key=lambda upload: upload.kind)
+    if config.robust.enabled and others:
+        kinds = ", ".join(upload.kind for upload in others)
+        raise ConfigError(
+            "robust.*", f"{name} uploads {kinds}: robust rules and attacks handle model weights only; use an algorithm such as fedavg"
         )
-    else:
-        return
-    raise ConfigError(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")
+    if privacy.enabled:
+        for upload in others:
+            _check_nothing_in_clear(name, upload)
+        for upload in others:
+            _check_bounds_and_sampling(name, upload, privacy)
+
+
+def _check_nothing_in_clear(name: str, upload: Upload) -> None:
+    handled = {key for key, _ in upload.clipped} | set(upload.constant)
+    in_clear = [f"sums[{key!r}]" for key in upload.sums if key not in handled]
+    in_clear += [f"payload[{key!r}]" for key in upload.payload if key not in handled]
+    if in_clear:
+        hint = f"; set {upload.avoided_by}" if upload.avoided_by else ""
+        raise ConfigError(
+            "privacy.mechanism",
+            f"{name} uploads {upload.kind} ({', '.join(in_clear)}), which cannot be clipped and noised: "
+            f"it would be sent in the clear{hint}",
+        )
+
+
+def _check_bounds_and_sampling(name: str, upload: Upload, privacy: PrivacyConfig) -> None:
+    for key, bound in upload.clipped:
+        value = getattr(privacy, bound)
+        if value is None:
+            raise ConfigError(f"privacy.{bound}", f"{name} uploads {upload.kind} ({key!r}); give the L2 bound each client's is clipped to")
+        if math.isinf(value) and privacy.noise_multiplier != 0:
+            raise ConfigError(f"privacy.{bound}", "must be finite when the noise multiplier is not 0 (the noise std is z·bound)")
+    if upload.payload and upload.clipped and privacy.mechanism == "central" and privacy.sampling != "fixed_size":
+        raise ConfigError(
+            "privacy.sampling",
+            f"{name} uploads {upload.kind} per client, one noised entry each, which only replace-one neighbours "
+            "bound (adding a client adds an entry); set privacy.sampling=fixed_size",
+        )

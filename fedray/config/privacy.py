@@ -9,7 +9,9 @@ Symbols (DP-FedAvg, McMahan et al., ICLR 2018, Alg. 1) → keys: C (clipping bou
 privacy.population_size``). Adaptive clipping (Andrew et al., NeurIPS 2021, "Differentially Private
 Learning with Adaptive Clipping", Alg. 1): γ (target quantile) → ``privacy.target_quantile``, η_C
 (clip learning rate) → ``privacy.clip_lr``, σ_b (noise on the count of unclipped updates) →
-``privacy.clipped_count_stddev``, C⁰ → ``privacy.clip``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
+``privacy.clipped_count_stddev``, C⁰ → ``privacy.clip``. The bounds of the other upload kinds (docs/guide/privacy.md,
+'Every upload kind'): prototypes and class representations → ``privacy.clip_prototypes``, logit knowledge →
+``privacy.clip_logits``, per-class counts → ``privacy.clip_counts``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
 trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``.
 """
 
@@ -45,8 +47,28 @@ class PrivacyConfig(_Section):
         allow_inf_nan=True,
         description="L2 bound C of each client's update of each upload kind (.inf: no clipping); C⁰ under clipping: adaptive",
     )
+    clip_prototypes: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=True,
+        description="L2 bound of each client's per-class prototypes or class representations (FedProto, FedProc, FedSC, "
+        "FedCoSR; the [classes, d] upload as one vector), needed when the algorithm uploads them (.inf: no clipping)",
+    )
+    clip_logits: float | None = Field(
+        None, gt=0, allow_inf_nan=True, description="L2 bound of each client's per-class logit knowledge (FedSKC, [classes, classes])"
+    )
+    clip_counts: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=True,
+        description="L2 bound of the per-class counts or weights sent with summed prototypes (FedProto, FedProc, FedCoSR); "
+        "a client's prototype sums and counts are scaled by one factor, so its class means are kept and its weight capped",
+    )
     noise_multiplier: float | None = Field(
-        None, ge=0, description="z: the Gaussian noise has std z·C (None: calibrated from target_epsilon and train.rounds)"
+        None,
+        ge=0,
+        description="z: the Gaussian noise has std z·C; with P released parts (weights, prototypes, counts...) each is noised "
+        "with √P·z·C_part, one Gaussian mechanism of multiplier z together (None: calibrated from target_epsilon and train.rounds)",
     )
     target_epsilon: float | None = Field(
         None, gt=0, description="ε to reach after train.rounds (calibrates z) or, with noise_multiplier set, a budget the run stops at"

@@ -211,6 +211,11 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="learning rate × lr_decay^(round-1)")
     grad_clip: float | None = Field(None, gt=0, description="max gradient norm (None: no clip)")
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: rounds of train.clients_per_round clients; async: buffered asynchronous aggregation (FedBuff) "
+        "on the simulated clock, systems.fedbuff",
+    )
 
 
 class EvalConfig(Section):
@@ -401,6 +406,21 @@ class CompressionConfig(Section):
         return self
 
 
+class FedBuffConfig(Section):
+    """``systems.fedbuff``: buffered asynchronous aggregation, ``train.mode: async`` (Nguyen et al.,
+    AISTATS 2022; :mod:`fedray.systems.fedbuff`, docs/guide/systems.md)."""
+
+    concurrency: int | None = Field(None, gt=0, description="clients training at once (null: train.clients_per_round)")
+    buffer_size: int = Field(5, gt=0, description="client updates the server aggregates at once, K (at most the concurrency)")
+    staleness_exponent: float = Field(
+        0.5, ge=0, le=10, description="an update τ versions old is weighted (1 + τ)^-exponent (0.5: FedBuff's 1/√(1+τ); 0: no discount)"
+    )
+
+    def concurrency_for(self, clients_per_round: int) -> int:
+        """The concurrency C of a run with ``train.clients_per_round`` = ``clients_per_round``."""
+        return self.concurrency if self.concurrency is not None else clients_per_round
+
+
 class SystemsConfig(Section):
     """``systems``: the simulated devices, their availability and the simulated clock. Off by default;
     off, a run computes exactly what it did without this section (docs/guide/systems.md)."""
@@ -413,6 +433,7 @@ class SystemsConfig(Section):
     availability: AvailabilityConfig = Field(default_factory=AvailabilityConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    fedbuff: FedBuffConfig = Field(default_factory=FedBuffConfig)
 
     @model_validator(mode="after")
     def _set_only_when_enabled(self) -> "SystemsConfig":
@@ -450,6 +471,11 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _async_checks(self) -> "RunConfig":
+        check_async_mode(self)
+        return self
+
+    @model_validator(mode="after")
     def _privacy_and_robust_checks(self) -> "RunConfig":
         check_privacy_and_robust(self)
         return self
@@ -458,5 +484,43 @@ class RunConfig(Section):
         """The config as JSON-able values; the ``systems``, ``privacy`` and ``robust`` sections only when
         they are enabled, so that a run without them saves, checkpoints and logs exactly the config it
         did before the sections existed."""
-        off = {name for name in ("systems", "privacy", "robust") if not getattr(self, name).enabled}
-        return self.model_dump(mode="json", exclude=off or None)
+        off: dict[str, Any] = {name: True for name in ("systems", "privacy", "robust") if not getattr(self, name).enabled}
+        if self.train.mode == "sync":  # nor train.mode and systems.fedbuff, whose keys are then at their defaults
+            off["train"] = {"mode"}
+            off.setdefault("systems", {"fedbuff"})
+        return self.model_dump(mode="json", exclude=off)
+
+
+def check_async_mode(config: RunConfig) -> None:
+    """``train.mode`` against the sections it needs and excludes (ValueError with one line): called
+    by ``RunConfig``'s validator. Whether the algorithm's aggregation allows it is checked with the
+    algorithm (:func:`fedray.systems.fedbuff.check_fedbuff`)."""
+    systems, fedbuff = config.systems, config.systems.fedbuff
+    if config.train.mode == "sync":
+        if fedbuff != FedBuffConfig():
+            raise ValueError("systems.fedbuff keys are set but train.mode is sync; set train.mode=async to use them")
+        return
+    if not systems.enabled:
+        raise ValueError("train.mode=async trains clients on the simulated clock; set systems.enabled=true")
+    concurrency = fedbuff.concurrency_for(config.train.clients_per_round)
+    if concurrency > config.data.num_clients:
+        raise ValueError(
+            f"systems.fedbuff.concurrency ({concurrency}) must be <= data.num_clients ({config.data.num_clients}): "
+            "a client trains one update at a time"
+        )
+    if fedbuff.buffer_size > concurrency:
+        source = "systems.fedbuff.concurrency" if fedbuff.concurrency is not None else "train.clients_per_round"
+        raise ValueError(
+            f"systems.fedbuff.buffer_size ({fedbuff.buffer_size}) must be <= the concurrency ({concurrency}, {source}): "
+            "the server would wait for more updates than there are clients training"
+        )
+    if systems.selection.over_selection != 1 or systems.selection.deadline_seconds is not None:
+        raise ValueError(
+            "systems.selection.over_selection and deadline_seconds close synchronous rounds, which train.mode=async has none of "
+            "(systems.fedbuff.concurrency bounds the clients training at once); leave them at their defaults"
+        )
+    if config.privacy.enabled or config.robust.enabled:
+        raise ValueError(
+            "train.mode=async aggregates updates trained from different model versions, which privacy.* and robust.* "
+            "do not handle; use train.mode=sync with them"
+        )

@@ -21,8 +21,11 @@ besides the sum; with the update's multiplier z_Δ of :func:`fedray.privacy.mech
 the two together are one Gaussian mechanism of multiplier z (Andrew et al., NeurIPS 2021, Thm. 1),
 so the round is still the event above with z.
 
-Every upload kind of a client passes the same clipping and noise, so the round is one release of
-everything a client reveals. Local DP: each participation of a client is ``GaussianDpEvent(z / 2)``
+Every upload kind of a client (weights, prototypes, counts, ...: P parts) is clipped to its own bound
+and noised with multiplier √P·z, which together is one Gaussian mechanism of multiplier z
+(:mod:`fedray.privacy.mechanisms`), so the round is the event above: one ε for everything a client
+reveals. A per-client part (FedSC's prototypes) changes one anonymous entry by at most 2C when one
+client's data is replaced, the relation of ``fixed_size``, which central DP then requires. Local DP: each participation of a client is ``GaussianDpEvent(z / 2)``
 (its clipped delta can be replaced by any other of norm ≤ C) without amplification by sampling,
 composed over that client's participations.
 """
@@ -98,6 +101,9 @@ class CentralAccountant:
 
     def noise_multiplier_for(self, target_epsilon: float, rounds: int) -> float:
         """The smallest z (to dp-accounting's tolerance) whose ``rounds`` rounds spend at most ``target_epsilon``."""
+        # dp-accounting's search starts at z = 0, where its sampling-without-replacement RDP divides by
+        # z²; below 0.01 no target ε of any use is met, so the search starts there for fixed_size
+        bracket = dp_accounting.LowerEndpointAndGuess(0.01, 1.0) if self.sampling == "fixed_size" else None
         with _quiet_absl():
             return float(
                 dp_accounting.calibrate_dp_mechanism(
@@ -105,6 +111,7 @@ class CentralAccountant:
                     lambda z: dp_accounting.SelfComposedDpEvent(self.event(z), rounds),
                     target_epsilon,
                     self.delta,
+                    bracket_interval=bracket,
                 )
             )
 

@@ -11,6 +11,14 @@
   count of unclipped updates (scaled by m/M as above), and the update's noise multiplier becomes
   z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so that the two releases together cost what one Gaussian mechanism
   of multiplier z does (their Thm. 1): the accountant keeps accounting for z.
+- every upload kind (prototypes, class representations, logit knowledge, counts): a client releasing
+  P parts, part i clipped to C_i (sensitivity C_i) and noised with z_i·C_i, releases one Gaussian
+  mechanism of multiplier z = (Σ_i z_i⁻²)^(−1/2): the privacy loss of a Gaussian mechanism depends only
+  on ‖Δ/σ‖, and the parts' (Δ_i/(z_i·C_i)) stack into one vector of norm ≤ (Σ_i z_i⁻²)^(1/2) (equivalently,
+  their Rényi divergences α/(2z_i²) add up to α/(2z²)). fedray splits z equally, z_i = √P·z
+  (:func:`part_noise_multiplier`), so the accountant charges z for the round whatever P is. Parts summed
+  over the cohort are noised on the sum like the weights (std z_i·C_i·m/M under central DP); a part
+  the server needs client by client (FedSC's prototypes) gets its own noise z_i·C_i per client.
 
 The noise is float64 on the CPU and seeded from (seed, round) or (seed, round, client id), never from
 the worker that ran a client, so a resumed run draws the same noise (docs/architecture.md, principle 7).
@@ -26,6 +34,7 @@ from fedray.seeding import derive_seed
 CENTRAL_NOISE_STREAM = 4401
 LOCAL_NOISE_STREAM = 4402
 CLIPPED_COUNT_STREAM = 4403
+CENTRAL_PART_NOISE_STREAM = 4404
 
 
 def gaussian_noise(like: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
@@ -33,15 +42,18 @@ def gaussian_noise(like: torch.Tensor, std: float, generator: torch.Generator) -
     return torch.randn(like.shape, generator=generator, dtype=torch.float64) * std
 
 
-def central_noise(seed: int, round: int, like: torch.Tensor, std: float) -> torch.Tensor:
-    """The server's noise on the sum of ``round`` (on ``like``'s device)."""
-    generator = torch.Generator().manual_seed(derive_seed(seed, CENTRAL_NOISE_STREAM, round))
+def central_noise(seed: int, round: int, like: torch.Tensor, std: float, part: int = 0) -> torch.Tensor:
+    """The server's noise on the sum of ``round`` (on ``like``'s device): of the model weights
+    (``part`` 0) or of the ``part``-th other private part (:func:`fedray.algorithms.uploads.private_parts`)."""
+    keys = (CENTRAL_NOISE_STREAM, round) if part == 0 else (CENTRAL_PART_NOISE_STREAM, round, part)
+    generator = torch.Generator().manual_seed(derive_seed(seed, *keys))
     return gaussian_noise(like, std, generator).to(like.device)
 
 
-def local_noise(seed: int, round: int, client_id: int, like: torch.Tensor, std: float) -> torch.Tensor:
-    """Client ``client_id``'s own noise in ``round`` (on ``like``'s device)."""
-    generator = torch.Generator().manual_seed(derive_seed(seed, LOCAL_NOISE_STREAM, round, client_id))
+def local_noise(seed: int, round: int, client_id: int, like: torch.Tensor, std: float, part: int = 0) -> torch.Tensor:
+    """Client ``client_id``'s own noise in ``round`` on ``part`` (as :func:`central_noise`; on ``like``'s
+    device): added by the client under local DP, by the trusted server to a per-client part under central DP."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, LOCAL_NOISE_STREAM, round, client_id, *((part,) if part else ())))
     return gaussian_noise(like, std, generator).to(like.device)
 
 
@@ -66,3 +78,9 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
     if noise_multiplier == 0:
         return 0.0
     return (noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5
+
+
+def part_noise_multiplier(noise_multiplier: float, parts: int) -> float:
+    """z_i = √P·z: the multiplier of each of ``parts`` = P released parts whose Gaussian mechanisms
+    together are one of multiplier z (module docstring: (Σ_i z_i⁻²)^(−1/2) = z)."""
+    return noise_multiplier * parts**0.5

@@ -23,6 +23,7 @@ import torch
 from fedray.algorithms import RoundResults
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset
+from fedray.runtime.async_rounds import BufferedAggregation
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.algorithms.costs import client_forward_flops
@@ -56,7 +57,7 @@ class RoundEngine:
         # devices, availability and the simulated clock (systems.enabled; None: every client is ideal)
         self.systems = SystemsModel.for_run(config, data, self.algorithm) if config.systems.enabled else None
         # privacy and robust aggregation between the clients' updates and aggregate (None: off)
-        self.upload_path = ServerUploadPath.for_run(config)
+        self.upload_path = ServerUploadPath.for_run(config, self.algorithm)
         self.upload_row: dict[str, float] = {}  # the last round's privacy/robustness columns
         torch.manual_seed(config.seed)
         self.state = self.algorithm.init_server_state(self.algorithm.build_model(self.algorithm.model_key(None)))
@@ -67,8 +68,11 @@ class RoundEngine:
         self.shared_broadcast: Any = None
         self.broadcast_round = 0
         self.plain_broadcast: dict[str, Any] = {}  # the broadcast itself; shared_broadcast is the pool's handle on it
+        # train.mode: async runs its rounds (None: synchronous rounds, below)
+        self.buffered = BufferedAggregation(self) if config.train.mode == "async" else None
 
-    def _tasks(self, client_ids: list[int]) -> list[ClientTask]:
+    def client_tasks(self, client_ids: list[int]) -> list[ClientTask]:
+        """Each client's :data:`ClientTask`: its id, its stored state's version and the versions the kept checkpoints protect."""
         return [
             (cid, int(self.state_versions[cid]), tuple(sorted({int(kept[cid]) for kept in self.checkpoint_versions} - {NO_STATE})))
             for cid in client_ids
@@ -86,14 +90,19 @@ class RoundEngine:
 
     def _on_clients(self, method: str, round: int, assignment: list[list[int]], broadcast: Any) -> list[Any]:
         """``ClientWorker.<method>(round, tasks, broadcast)`` with each worker's clients of ``assignment``."""
-        return self.pool.call_each(method, [(round, self._tasks(ids), broadcast) if ids else None for ids in assignment])
+        return self.pool.call_each(method, [(round, self.client_tasks(ids), broadcast) if ids else None for ids in assignment])
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, round: int, cohort: np.ndarray | None = None) -> dict[str, Any]:
         """Train and aggregate one round; returns the round's metrics and per-client rows.
         ``cohort``: the clients to train (default: the round's seeded draw); with ``systems.enabled``,
         the clients to select, of whom only those that report in time train (default: a draw among
-        the clients online)."""
+        the clients online). With ``train.mode: async``, one aggregation of buffered updates
+        (:mod:`fedray.runtime.async_rounds`), which chooses its own clients."""
+        if self.buffered is not None:
+            if cohort is not None:
+                raise ValueError("train.mode=async chooses its own clients: run_round takes no cohort")
+            return self.buffered.run_round(round)
         started = time.perf_counter()
         cfg = self.config
         plan = None
@@ -105,13 +114,22 @@ class RoundEngine:
         elif cohort is None:
             cohort = sample_cohort(cfg.seed, round, self.num_clients, cfg.train.clients_per_round)
         results = self.train(round, np.asarray(cohort))
+        row = self.aggregate(round, results, len(cohort))
+        if plan is not None:
+            row.update(self.systems.finish_round(round, plan, results, broadcast_bytes))
+        return self.close_round(round, row, results, started)
+
+    def aggregate(self, round: int, results: RoundResults, clients: int) -> dict[str, Any]:
+        """Aggregate ``results`` into the server state; the round's metrics row so far (``clients``:
+        how many clients trained)."""
+        cfg = self.config
         if results.num_clients > 0:
             self.state, algorithm_metrics = call_algorithm(self.algorithm, "aggregate", round, None, self.state, round, results)
         else:
             algorithm_metrics = {}
-        row: dict[str, Any] = {
+        return {
             "round": round,
-            "clients": int(len(cohort)),
+            "clients": int(clients),
             "excluded_updates": len(results.excluded_clients),
             "worker_restarts": self.pool.restarts,  # cumulative
             "train_loss": _mean([m.get("train_loss") for m in results.client_metrics.values()]),
@@ -119,8 +137,11 @@ class RoundEngine:
             **algorithm_metrics,
             **self.upload_row,
         }
-        if plan is not None:
-            row.update(self.systems.finish_round(round, plan, results, broadcast_bytes))
+
+    def close_round(self, round: int, row: dict[str, Any], results: RoundResults, started: float) -> dict[str, Any]:
+        """Evaluate after ``round`` when due and return its metrics ``row`` (with its wall time since
+        ``started``) and a row per client of ``results``."""
+        cfg = self.config
         if round % cfg.eval.every == 0 or round == cfg.train.rounds:
             row.update(self.evaluate(round))
         row["seconds"] = time.perf_counter() - started
@@ -222,6 +243,7 @@ class RoundEngine:
             "worker_restarts": self.pool.restarts,
             **({"upload_path": self.upload_path.state_dict()} if self.upload_path is not None else {}),
             **({"systems": self.systems.state_dict()} if self.systems is not None else {}),
+            **({"fedbuff": self.buffered.state_dict()} if self.buffered is not None else {}),
         }
 
     def checkpoint_written(self) -> None:
@@ -239,6 +261,8 @@ class RoundEngine:
             self.upload_path.load_state_dict(state["upload_path"])
         if self.systems is not None:
             self.systems.load_state_dict(state["systems"])
+        if self.buffered is not None:
+            self.buffered.load_state_dict(state["fedbuff"])
 
     def worker_handles(self) -> list[Any]:
         return self.pool.handles()

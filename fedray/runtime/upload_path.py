@@ -3,10 +3,9 @@ attack (simulated malicious clients) → clipping → local noise → compressio
 → worker pre-aggregation → central noise on the sum → the aggregation rule (weighted mean, or a robust
 rule over per-client updates).
 
-It applies to :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS`, the only upload kind it handles (others
-are refused before Ray starts, :func:`~fedray.algorithms.uploads.check_uploads`). A client's update is
-its delta Δ_k = w_k − w against the broadcast weights w. The path rewrites the two sums so that the
-algorithm's own ``sums["weights"] / sums["num_samples"]`` (and any server optimizer after it) yields:
+Its main subject is :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS`. A client's update is its delta
+Δ_k = w_k − w against the broadcast weights w. The path rewrites the two sums so that the algorithm's
+own ``sums["weights"] / sums["num_samples"]`` (and any server optimizer after it) yields:
 
 - central DP: w + (Σ_k clip(Δ_k) + N(0, σ²)) / m, σ = z·C·m/M, m = ``train.clients_per_round`` (the
   fixed denominator of DP-FedAvg, uniform client weights; :mod:`fedray.privacy.mechanisms`);
@@ -16,6 +15,19 @@ algorithm's own ``sums["weights"] / sums["num_samples"]`` (and any server optimi
 - local DP: w + Σ_k (clip(Δ_k) + N(0, (z·C)²)) / k over the k aggregated clients;
 - a robust rule: w + rule([Δ_k]) over the clients' individual deltas, which the workers then collect as
   ``payload`` instead of summing them.
+
+Under privacy every other upload a client makes (prototypes, class representations, logit knowledge,
+per-class counts: :func:`~fedray.algorithms.uploads.private_parts`) is clipped on the worker, each
+upload's tensors by one factor so that each is within its own bound, and noised with the same
+Gaussian mechanism: a part summed over the cohort gets noise on the sum (central; std z_i·C_i·m/M) or
+on each client (local), a part the server needs client by client gets noise z_i·C_i on each client's
+copy, from the trusted server under central DP, which then hands these copies to ``aggregate`` under
+anonymous keys 0..K−1 in a seeded random order, so that the round's release does not depend on which
+clients were sampled (the condition of amplification by sampling). Each of the P released parts has
+multiplier z_i = √P·z: together one Gaussian mechanism of multiplier z, the one the accountant
+charges (:mod:`fedray.privacy.mechanisms`). Keys an upload declares ``constant`` (presence masks, sample
+counts) are replaced by ones. Other uploads are refused before Ray starts
+(:func:`~fedray.algorithms.uploads.check_uploads`).
 
 Compression (:mod:`fedray.systems.compression`) is the last step on the client, as on a device: what
 it encodes is what leaves the device and is counted in ``bytes_up``, and what the server decodes
@@ -40,12 +52,20 @@ import torch
 from fedray.aggregation.attacks import attacked_delta, malicious_clients
 from fedray.aggregation.robust import robust_aggregate
 from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
-from fedray.algorithms.uploads import undeclared_keys
+from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, undeclared_keys
 from fedray.config import ConfigError, RunConfig
 from fedray.config.privacy import adaptive_noise_problem, clipped_count_stddev, default_delta, noise_cohort_size, population_size
-from fedray.privacy.clipping import clip_to_norm, next_adaptive_clip
-from fedray.privacy.mechanisms import central_noise, central_noise_std, clipped_count_noise, local_noise, update_noise_multiplier
+from fedray.privacy.clipping import clip_jointly, clip_to_norm, next_adaptive_clip
+from fedray.privacy.mechanisms import (
+    central_noise,
+    central_noise_std,
+    clipped_count_noise,
+    local_noise,
+    part_noise_multiplier,
+    update_noise_multiplier,
+)
 from fedray.runtime.errors import RunError
+from fedray.seeding import derive_seed
 from fedray.systems.clock import UPLOAD_BYTES_METRIC, payload_bytes, sums_bytes
 from fedray.systems.compression import UploadCompression, compression_enabled, join_client_state
 
@@ -58,6 +78,8 @@ logger = logging.getLogger(__name__)
 ROBUST_UPDATE = "robust_update"
 #: The broadcast key of the round's clip bound C under ``privacy.clipping: adaptive`` (float64 scalar).
 ADAPTIVE_CLIP = "dp_clip"
+#: derive_seed stream of the order in which per-client parts reach ``aggregate`` under central DP
+ANONYMOUS_ORDER_STREAM = 4405
 
 
 class PrivacyBudgetExhausted(RunError):
@@ -82,6 +104,10 @@ class ClientUploadPath:
         self.malicious = malicious_clients(config.seed, num_clients, config.robust.malicious_fraction)
         self.compression = UploadCompression.for_run(config)  # None: systems.compression off
         self.warned_uncompressed = False
+        uploads = algorithm.run_uploads() if config.privacy.enabled else frozenset()
+        self.private_uploads = sorted((upload for upload in uploads if upload.clipped or upload.constant), key=lambda upload: upload.kind)
+        self.parts = private_parts(algorithm) if config.privacy.enabled else []
+        self.released_parts = released_parts(algorithm) if config.privacy.enabled else 1
 
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm, num_clients: int) -> "ClientUploadPath | None":
@@ -124,7 +150,7 @@ class ClientUploadPath:
             delta, norm = clip_to_norm(delta, clip)
             metrics["update_norm"] = norm
             if privacy.mechanism == "local" and privacy.noise_multiplier:
-                delta = delta + local_noise(seed, round, client_id, delta, privacy.noise_multiplier * clip)
+                delta = delta + local_noise(seed, round, client_id, delta, self.part_multiplier * clip)
         if self.compression is not None:
             compressed = self.compression.compress(round, client_id, delta, residual)
             others = {key: value for key, value in update.sums.items() if key != "weights"}
@@ -140,15 +166,47 @@ class ClientUploadPath:
             sums["weights"], sums["num_samples"] = delta, torch.ones_like(num_samples, dtype=torch.float64)
         elif is_malicious or self.compression is not None:  # the plain weighted mean: the client's weight is kept
             sums["weights"] = (reference + delta) * num_samples
+        if privacy.enabled:
+            self.privatise_parts(round, client_id, sums, payload, metrics)
         return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residual))
+
+    @property
+    def part_multiplier(self) -> float:
+        """Local DP: z_i = √P·z, the noise multiplier of each of the client's P released parts."""
+        return part_noise_multiplier(self.config.privacy.noise_multiplier or 0.0, self.released_parts)
+
+    def privatise_parts(self, round: int, client_id: int, sums: dict[str, Any], payload: dict[str, Any], metrics: dict[str, float]) -> None:
+        """The client's uploads other than the weights, in place: ``constant`` keys replaced by ones;
+        each upload's ``clipped`` tensors scaled by one factor so that each is within its bound (its
+        norm before, in ``metrics["update_norm_<key>"]``), then under local DP noised with z_i·C_i."""
+        privacy = self.config.privacy
+        part_index = {part.key: index for index, part in enumerate(self.parts, start=1)}
+        for upload in self.private_uploads:
+            for key in upload.constant:
+                container = sums if key in upload.sums else payload
+                container[key] = torch.ones_like(torch.as_tensor(container[key]))
+            if not upload.clipped:
+                continue
+            containers = [sums if key in upload.sums else payload for key, _ in upload.clipped]
+            bounds = [getattr(privacy, bound) for _, bound in upload.clipped]
+            clipped, norms = clip_jointly([container[key] for container, (key, _) in zip(containers, upload.clipped)], bounds)
+            for container, (key, _), value, norm, bound in zip(containers, upload.clipped, clipped, norms, bounds):
+                metrics[f"update_norm_{key}"] = norm
+                if privacy.mechanism == "local" and privacy.noise_multiplier:
+                    noise = local_noise(self.config.seed, round, client_id, value, self.part_multiplier * bound, part_index[key])
+                    value = (value.double() + noise).to(value.dtype)
+                container[key] = value
 
 
 class ServerUploadPath:
     """The server's part: central noise, adaptive clipping's bound, the robust rule, the accountant and its budget."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, algorithm: Algorithm | None = None) -> None:
+        """``algorithm``: what its clients upload (None: model weights only)."""
         self.config = config
         privacy = config.privacy
+        self.parts: list[PrivatePart] = private_parts(algorithm) if algorithm is not None and privacy.enabled else []
+        self.released_parts = released_parts(algorithm) if algorithm is not None and privacy.enabled else 1
         self.population = population_size(config)
         self.delta = privacy.delta if privacy.delta is not None else default_delta(self.population)
         self.noise_multiplier = privacy.noise_multiplier
@@ -175,7 +233,7 @@ class ServerUploadPath:
                     raise ConfigError(None, problem)
                 logger.info(
                     "privacy: adaptive clipping from C=%g towards the %g-quantile of the update norms (η_C=%g, σ_b=%g); "
-                    "the update's noise multiplier is z_Δ=%.4g",
+                    "each part's noise multiplier is √P·z_Δ=%.4g",
                     privacy.clip,
                     privacy.target_quantile,
                     privacy.clip_lr,
@@ -183,10 +241,13 @@ class ServerUploadPath:
                     self.update_noise_multiplier,
                 )
             logger.info(
-                "privacy: %s DP, clip C=%g, noise multiplier z=%.4g, δ=%g, %s accountant, %s sampling q=%d/%d",
+                "privacy: %s DP, clip C=%g%s, noise multiplier z=%.4g (each of %d parts √P·z=%.4g), δ=%g, %s accountant, %s sampling q=%d/%d",
                 privacy.mechanism,
                 privacy.clip,
+                "".join(f", {part.bound}={getattr(privacy, part.bound):g}" for part in self.parts),
                 self.noise_multiplier,
+                self.released_parts,
+                self.update_noise_multiplier,
                 self.delta,
                 privacy.accountant,
                 privacy.sampling,
@@ -197,17 +258,18 @@ class ServerUploadPath:
             logger.info("robust.rule=%s: the workers collect each client's update instead of summing them", config.robust.rule)
 
     @classmethod
-    def for_run(cls, config: RunConfig) -> "ServerUploadPath | None":
-        return cls(config) if upload_path_enabled(config) else None
+    def for_run(cls, config: RunConfig, algorithm: Algorithm) -> "ServerUploadPath | None":
+        return cls(config, algorithm) if upload_path_enabled(config) else None
 
     @property
     def update_noise_multiplier(self) -> float:
-        """The multiplier of the noise on the sum of updates: z, or z_Δ under adaptive clipping
-        (:func:`fedray.privacy.mechanisms.update_noise_multiplier`)."""
+        """The multiplier of the noise on the sum of updates and on every other released part: z, or
+        z_Δ under adaptive clipping (:func:`fedray.privacy.mechanisms.update_noise_multiplier`), times
+        √P for P released parts (:func:`fedray.privacy.mechanisms.part_noise_multiplier`)."""
         z = self.noise_multiplier or 0.0
         if self.config.privacy.clipping == "adaptive":
-            return update_noise_multiplier(z, clipped_count_stddev(self.config))
-        return z
+            z = update_noise_multiplier(z, clipped_count_stddev(self.config))
+        return part_noise_multiplier(z, self.released_parts)
 
     def broadcast(self, broadcast: dict[str, Any]) -> dict[str, Any]:
         """The algorithm's ``broadcast``, with the round's clip bound under adaptive clipping (the
@@ -252,6 +314,8 @@ class ServerUploadPath:
             elif privacy.mechanism == "local":
                 count = float(sums["num_samples"])
                 sums["weights"] = count * reference + sums["weights"]
+            if privacy.mechanism == "central" and self.parts:
+                payloads = self._noise_parts(round, sums, payloads)
         if privacy.enabled:
             norms = [m["update_norm"] for m in client_metrics.values() if "update_norm" in m]
             if norms:
@@ -262,6 +326,28 @@ class ServerUploadPath:
             row.update(self._account(client_metrics))
         results = RoundResults(sums, payloads, client_metrics, results.num_clients, results.excluded_clients)
         return results, row
+
+    def _noise_parts(self, round: int, sums: dict[str, Any], payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Central DP on the parts other than the weights (module docstring): noise on each summed
+        part's sum (in place) and on each client's copy of a per-client part; the payloads returned
+        under anonymous keys in a seeded random order when any part is per client."""
+        privacy, cohort = self.config.privacy, self.config.train.clients_per_round
+        multiplier = self.update_noise_multiplier
+        for index, part in enumerate(self.parts, start=1):
+            bound = getattr(privacy, part.bound)
+            if part.travels_in == "sums":
+                std = central_noise_std(multiplier, bound, cohort, noise_cohort_size(self.config))
+                if std > 0:
+                    sums[part.key] = sums[part.key] + central_noise(self.config.seed, round, sums[part.key], std, index)
+            elif multiplier > 0:
+                for client_id, payload in payloads.items():
+                    value = payload[part.key]
+                    noise = local_noise(self.config.seed, round, client_id, value, multiplier * bound, index)
+                    payload[part.key] = (value.double() + noise).to(value.dtype)
+        if not any(part.travels_in == "payload" for part in self.parts):
+            return payloads
+        order = np.random.default_rng(derive_seed(self.config.seed, ANONYMOUS_ORDER_STREAM, round)).permutation(sorted(payloads))
+        return {slot: payloads[int(client_id)] for slot, client_id in enumerate(order)}
 
     def _next_clip(self, round: int, norms: list[float]) -> float:
         """Adaptive clipping (Andrew et al. 2021, Alg. 1): b̃ = (Σ_k 1[‖Δ_k‖ ≤ C] + N(0, (σ_b·m/M)²)) / m,

@@ -166,6 +166,13 @@ class ClientWorker:
                 partial.stateful_clients.append(client_id)
         return partial.to_cpu()
 
+    def run_client_groups(self, groups: list[tuple[int, list[ClientTask]]], *broadcasts: dict[str, Any]) -> list[PartialResult]:
+        """:meth:`run_clients` for each ``(round, tasks)`` of ``groups`` with ``broadcasts[i]``, one
+        partial per group: clients that started from different model versions (``train.mode: async``,
+        :mod:`fedray.runtime.async_rounds`) trained in one call. The broadcasts travel as arguments of
+        their own, which Ray resolves from the object store as it does one round's broadcast."""
+        return [self.run_clients(round, tasks, broadcast) for (round, tasks), broadcast in zip(groups, broadcasts, strict=True)]
+
     def evaluate_global(self, round: int, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:
         """Evaluation sums of the global model after ``round`` on test rows ``shard::num_shards``."""
         model = self.model_for(None)

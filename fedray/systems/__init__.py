@@ -13,6 +13,7 @@ model's only state is the clock and the last measured upload size (:meth:`System
 - :mod:`~fedray.systems.clock`: bytes moved and each client's round duration;
 - :mod:`~fedray.systems.selection`: over-selection, deadline, dropouts: who reports;
 - :mod:`~fedray.systems.compression`: what a client's upload is compressed to (the upload path applies it);
+- :mod:`~fedray.systems.fedbuff`: buffered asynchronous aggregation (``train.mode: async``) on the clock;
 - :mod:`~fedray.systems.draws`: the per-client random draws behind them.
 """
 
@@ -33,6 +34,7 @@ from fedray.systems.availability import AvailabilityProcess, build_availability
 from fedray.systems.clock import client_durations, payload_bytes, upload_bytes
 from fedray.systems.compression import check_compression
 from fedray.systems.devices import Devices, build_devices
+from fedray.systems.fedbuff import check_fedbuff
 from fedray.systems.selection import RoundPlan, plan_round, selection_size
 
 logger = logging.getLogger(__name__)
@@ -91,22 +93,29 @@ class SystemsModel:
         )
 
     def finish_round(self, round: int, plan: RoundPlan, results: RoundResults, broadcast_bytes: int) -> dict[str, Any]:
-        """Advance the clock past ``plan`` and return the row's :data:`ROW_KEYS`; warns of a round
-        that aggregated nobody (it counts, and moves the clock, but changes no model)."""
+        """Advance the clock past ``plan`` and return the row's :data:`ROW_KEYS` (:meth:`record_round`)."""
+        return self.record_round(round, plan.end_time, len(plan.selected), plan.dropped, plan.late, results, broadcast_bytes)
+
+    def record_round(
+        self, round: int, end_time: float, selected: int, dropped: int, late: int, results: RoundResults, broadcast_bytes: int
+    ) -> dict[str, Any]:
+        """Move the clock to ``end_time``, measure the round's uploads and return the row's
+        :data:`ROW_KEYS` for ``selected`` clients that each downloaded ``broadcast_bytes``; warns of a
+        round that aggregated nobody (it counts, and moves the clock, but changes no model)."""
         uploads = upload_bytes(results)
         if uploads:
             self.upload_bytes_per_client = float(np.mean(list(uploads.values())))
-        self.clock = plan.end_time
+        self.clock = end_time
         if results.num_clients == 0:
-            reason = "no client was online" if len(plan.selected) == 0 else f"{plan.dropped} dropped, {plan.late} late"
+            reason = "no client was online" if selected == 0 else f"{dropped} dropped, {late} late"
             logger.warning("round %d aggregated no client update (%s); the model is unchanged", round, reason)
         return {
             "sim_time": self.clock,
-            "selected": int(len(plan.selected)),
+            "selected": int(selected),
             "aggregated": int(results.num_clients),
-            "dropped": plan.dropped,
-            "late": plan.late,
-            "bytes_down": int(broadcast_bytes * len(plan.selected)),
+            "dropped": int(dropped),
+            "late": int(late),
+            "bytes_down": int(broadcast_bytes * selected),
             "bytes_up": int(sum(uploads.values())),
         }
 
@@ -140,11 +149,13 @@ class SystemsModel:
 
 def check_systems(config: RunConfig, data: FederatedDataset, algorithm: Algorithm, model: torch.nn.Module) -> None:
     """Before Ray starts: build the run's systems model (device and trace files, profile names),
-    check its deadline against the broadcast of round 1 and that the algorithm uploads what
-    ``systems.compression`` compresses; no-op when ``systems.enabled`` is false."""
+    check its deadline against the broadcast of round 1, that the algorithm uploads what
+    ``systems.compression`` compresses and, with ``train.mode: async``, that its aggregation is a
+    weighted mean; no-op when ``systems.enabled`` is false (which ``train.mode: async`` needs)."""
     if not config.systems.enabled:
         return
     check_compression(config, algorithm)
+    check_fedbuff(config, algorithm)
     systems = SystemsModel.for_run(config, data, algorithm)
     systems.check_deadline(payload_bytes(algorithm.broadcast(algorithm.init_server_state(model), 1)))
 

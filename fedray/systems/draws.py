@@ -21,6 +21,7 @@ AVAILABILITY_STREAM = 102  # bernoulli/diurnal availability, per round
 TIME_ZONE_STREAM = 103  # diurnal: each client's phase (round 0)
 DROPOUT_STREAM = 104  # systems.selection.dropout, per round
 COMPRESSION_STREAM = 105  # systems.compression.method=int8: a client's stochastic rounding, per round
+FEDBUFF_STREAM = 106  # train.mode=async: the order in which idle clients start, per model version
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 

@@ -148,9 +148,6 @@ def test_central_accounting_resumes_and_the_budget_stops_the_run(tmp_path):
 @pytest.mark.parametrize(
     ("algorithm", "message"),
     [
-        ("fedsc", "fedsc uploads prototypes, which the upload path cannot clip"),
-        ("fedproto", "fedproto uploads prototypes"),
-        ("fedproc", "fedproc uploads prototypes"),
         ("scaffold", "scaffold uploads control variates"),
         ("feddyn", "feddyn does not declare what it uploads"),
     ],
@@ -207,7 +204,11 @@ BAD = [
     ("trim-half", ["robust.rule=trimmed_mean", "robust.trim_fraction=0.5"], "robust.trim_fraction: Input should be less than 0.5"),
     ("krum-few", ["robust.rule=krum", "robust.krum_f=4"], "needs train.clients_per_round >= 2f + 3 = 11 (got 10)"),
     ("no-noise", ["privacy.mechanism=central"], "privacy.mechanism needs privacy.noise_multiplier or privacy.target_epsilon"),
-    ("prototypes", ["algorithm.name=fedsc", "privacy.mechanism=central", "privacy.noise_multiplier=1"], "fedsc uploads prototypes"),
+    (
+        "prototypes-unbounded",
+        ["algorithm.name=fedsc", "privacy.mechanism=central", "privacy.noise_multiplier=1"],
+        "privacy.clip_prototypes: fedsc uploads prototypes",
+    ),
 ]
 
 
