@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from fedray import load_config
-from fedray.data import build_federated_dataset
+from fedray.config import RunConfig
+from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.models import build_model, get_flat_weights, set_flat_weights
 from fedray.seeding import sample_cohort
 from fedray.tracking import Callback
@@ -110,50 +112,92 @@ def run_fedray(overrides: list[str], out_dir: str) -> dict:
     }
 
 
+@dataclass
+class PlainWorkload:
+    """A config's data and seeded initial model, held as the plain loop holds them (tensors on one device)."""
+
+    config: RunConfig
+    data: FederatedDataset
+    x_train: torch.Tensor  # as stored (uint8 images): normalised per batch, as fedray's workers do
+    y_train: torch.Tensor
+    x_test: torch.Tensor  # normalised once
+    y_test: torch.Tensor
+    model: torch.nn.Module
+
+    def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.from_numpy(self.data.clients.client(int(client))).to(self.x_train.device)
+        return self.x_train[index], self.y_train[index]
+
+
+def prepare_workload(overrides: list[str], device: str = "cpu") -> PlainWorkload:
+    """The partition of fedray's data pipeline and the initial model drawn under ``seed`` (the same
+    weights fedray starts from)."""
+    config = load_config(None, overrides)
+    data = build_federated_dataset(config.data, config.seed)
+    x_train, y_train = torch.from_numpy(data.train.x.copy()).to(device), torch.from_numpy(data.train.y.copy()).to(device)
+    x_test = data.info.normalize(torch.from_numpy(data.test.x.copy()).to(device))
+    y_test = torch.from_numpy(data.test.y.copy()).to(device)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, data.info).to(device)
+    return PlainWorkload(config, data, x_train, y_train, x_test, y_test, model)
+
+
+def batch_order_generator(client: int, round: int) -> torch.Generator:
+    """The plain loop's (and the peers', benchmarks/peers) draw of a client's batch order in a round."""
+    return torch.Generator().manual_seed(int(client) * 1000 + round)
+
+
+def train_client(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, workload: PlainWorkload, generator: torch.Generator) -> None:
+    """``train.local_epochs`` of plain SGD (``train.lr``, ``train.batch_size``) on one client's data, in place."""
+    train = workload.config.train
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=train.lr)
+    for _ in range(train.local_epochs):
+        order = torch.randperm(len(y), generator=generator).to(x.device)
+        for start in range(0, len(y), train.batch_size):
+            batch = order[start : start + train.batch_size]
+            loss = F.cross_entropy(model(workload.data.info.normalize(x[batch])), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def evaluates_after(round: int, config: RunConfig) -> bool:
+    """Whether the global model is scored after ``round`` (every ``eval.every`` rounds and after the last)."""
+    return round % config.eval.every == 0 or round == config.train.rounds
+
+
+def accuracy_on_test_set(model: torch.nn.Module, workload: PlainWorkload) -> float:
+    model.eval()  # batch norm (W3's ResNets) evaluates with its running statistics
+    with torch.no_grad():
+        return float((model(workload.x_test).argmax(1) == workload.y_test).float().mean())
+
+
 def run_plain(overrides: list[str], device: str = "cpu") -> dict:
     """The same client training as fedray's FedAvg, written as a plain PyTorch loop (on ``device``:
     the data is moved there once, as fedray's workers do)."""
     started_call = time.perf_counter()
-    config = load_config(None, overrides)
     # One thread: on these tiny convolutions a second thread buys nothing, and an oversubscribed
     # OpenMP pool (any other process busy) makes every op wait (measured here: 30x slower).
     torch.set_num_threads(1)
-    data = build_federated_dataset(config.data, config.seed)
-    info, train = data.info, config.train
-    x_train, y_train = torch.from_numpy(data.train.x.copy()).to(device), torch.from_numpy(data.train.y.copy()).to(device)
-    x_test = info.normalize(torch.from_numpy(data.test.x.copy()).to(device))
-    y_test = torch.from_numpy(data.test.y.copy()).to(device)
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, info).to(device)
+    workload = prepare_workload(overrides, device)
+    config, model = workload.config, workload.model
     global_weights = get_flat_weights(model)
     seconds, ends, accuracy = [], [], 0.0
-    for round in range(1, train.rounds + 1):
+    for round in range(1, config.train.rounds + 1):
         started = time.perf_counter()
         weighted_sum = torch.zeros_like(global_weights, dtype=torch.float64)
         total = 0
-        for client in sample_cohort(config.seed, round, data.num_clients, train.clients_per_round):
-            index = torch.from_numpy(data.clients.client(int(client))).to(device)
-            x, y = x_train[index], y_train[index]
+        for client in sample_cohort(config.seed, round, workload.data.num_clients, config.train.clients_per_round):
+            x, y = workload.client_data(client)
             set_flat_weights(model, global_weights)
-            model.train()
-            optimizer = torch.optim.SGD(model.parameters(), lr=train.lr)
-            generator = torch.Generator().manual_seed(int(client) * 1000 + round)
-            for _ in range(train.local_epochs):
-                order = torch.randperm(len(y), generator=generator).to(device)
-                for start in range(0, len(y), train.batch_size):
-                    batch = order[start : start + train.batch_size]
-                    loss = F.cross_entropy(model(info.normalize(x[batch])), y[batch])
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+            train_client(model, x, y, workload, batch_order_generator(client, round))
             weighted_sum += get_flat_weights(model).double() * len(y)
             total += len(y)
         global_weights = (weighted_sum / total).float()
         set_flat_weights(model, global_weights)
-        if round % config.eval.every == 0 or round == train.rounds:
-            model.eval()  # batch norm (W3's ResNets) evaluates with its running statistics
-            with torch.no_grad():
-                accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
+        if evaluates_after(round, config):
+            accuracy = accuracy_on_test_set(model, workload)
         if device != "cpu":
             torch.cuda.synchronize()  # the round ends when the device has done its work
         now = time.perf_counter()
