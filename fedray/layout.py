@@ -18,6 +18,7 @@ CHECKPOINTS_DIR = "checkpoints"  # checkpoints/round_<round, 6 digits>.pt (fedra
 RUN_ID_FILE = "run_id"  # a run whose client state lives outside it: its claim's id (fedray.runtime.state_store)
 RESUMES_FILE = "resumes.json"  # each resume that changed the config: round, time, changes (fedray.runtime.resume)
 STOPPED_FILE = "stopped.json"  # Ctrl-C or SIGTERM stopped the run: its last round and when; removed when it starts again
+LOG_FILE = "log.txt"  # a sweep trial's log: its rounds, warnings and, if it failed, the traceback (fedray.tune.trial_log)
 
 # A sweep directory (written by ``fedray tune``).
 SWEEP_FILE = "sweep.yaml"  # the sweep spec, as given

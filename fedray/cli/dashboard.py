@@ -18,11 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="watch a sweep (or runs) in the browser: trials table, curves, parallel coordinates, best config",
         description=(
             "Serve a local web page over PATH: a sweep directory from `fedray tune` (sweeps/<sweep-id>), "
-            "a run directory from `fedray run`, or a folder of run directories. The page refreshes by itself "
+            "a run directory from `fedray run`, a folder of run directories, or a folder of sweep directories (sweeps/, "
+            "to compare sweeps side by side). The page refreshes by itself "
             "while the files grow. It reads only the files, so a copied folder works too."
         ),
     )
-    parser.add_argument("path", help="sweep directory, run directory, or folder of run directories")
+    parser.add_argument("path", help="sweep directory, run directory, folder of run directories, or folder of sweep directories")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 = any free port)")
     parser.add_argument(

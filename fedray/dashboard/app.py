@@ -12,8 +12,10 @@ Endpoints (all GET):
 - ``/api/importance?value=latest_metric|best_metric`` → fANOVA importance of each swept key (Optuna's evaluator);
 - ``/api/run?trial=ID[&round=R]`` → one run's curves, its client metrics summarised per round, the
   per-client values at round R (at most ``MAX_CLIENT_POINTS`` clients), config;
-- ``/api/file?trial=ID&name=partition.png`` → one of a run directory's figures or its ``config.yaml``,
-  streamed from the file (``sendfile``: never read into memory).
+- ``/api/file?trial=ID&name=partition.png`` → one of a run directory's figures, its ``config.yaml`` or its
+  ``log.txt``, streamed from the file (``sendfile``: never read into memory);
+- ``/api/log?trial=ID`` → the end of a sweep trial's ``log.txt``;
+- ``/api/compare?sweep=NAME&sweep=NAME...[&metric=M]`` → in a folder of sweeps, those sweeps side by side.
 
 Safety: only files inside the served folder are read, after resolving links (:mod:`fedray.dashboard.data`);
 a request whose ``Host`` header is not this server's address and port is refused (DNS rebinding: a web page
@@ -227,6 +229,10 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 round_text = first(query, "round")
                 client_round = int(round_text) if round_text and round_text.lstrip("-").isdigit() else None
                 self.send_json(data.run_view(first(query, "trial") or "", client_round))
+            elif url.path == "/api/log":
+                self.send_json(data.run_log(first(query, "trial") or ""))
+            elif url.path == "/api/compare":
+                self.send_json(data.compare_sweeps(query.get("sweep", []), first(query, "metric")))
             elif url.path == "/api/file":
                 trial, name = first(query, "trial") or "", first(query, "name") or ""
                 path = data.run_file(trial, name)
@@ -260,7 +266,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
         """Send the file from the kernel's page cache (``sendfile``), without reading it into memory; a
         file cut short while it is sent ends the connection early (the client sees an incomplete body)."""
         content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        if path.suffix in (".yaml", ".json"):
+        if path.suffix in (".yaml", ".json", ".txt"):
             content_type = "text/plain; charset=utf-8"  # shown in the browser rather than downloaded
         with path.open("rb") as file:
             size = os.fstat(file.fileno()).st_size

@@ -1,6 +1,6 @@
 """Reading what a sweep or run writes, for the dashboard: only files, no Ray, no fedray runtime.
 
-Three kinds of folder are understood (:func:`detect_kind`):
+Four kinds of folder are understood (:func:`detect_kind`):
 
 - a **sweep directory** written by ``fedray tune`` (the sweep directory contract): ``meta.json``,
   ``trials.parquet`` (one row per trial), ``rounds.parquet`` (one row per trial per round) and
@@ -8,7 +8,9 @@ Three kinds of folder are understood (:func:`detect_kind`):
 - a **run directory** written by ``fedray run``: ``config.yaml``, ``metrics.parquet`` (rows with
   ``scope`` = ``"round"`` or ``"client"``), ``summary.json``, ``partition.png``, ...;
 - a **folder of run directories** (e.g. ``runs/``): shown like a sweep whose swept keys are the config
-  keys that differ between the runs.
+  keys that differ between the runs;
+- a **folder of sweep directories** (e.g. ``sweeps/``): each sweep read by its own :class:`DashboardData`, and
+  the sweeps the page ticks compared side by side (:meth:`DashboardData.compare_sweeps`).
 
 A single run and a folder of runs are turned into the same shape as a sweep (:class:`Overview`: a trials
 table plus per-trial round rows), so the page has one code path. The files may be growing or
@@ -31,6 +33,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -47,6 +50,7 @@ from fedray.config.schema import OutputConfig
 from fedray.layout import (
     ERROR,
     LEARNING_CURVE_PLOT,
+    LOG_FILE,
     META_FILE,
     PARTITION_PLOT,
     PENDING,
@@ -65,7 +69,13 @@ from fedray.dashboard.run_metrics import RunMetrics, read_clients_at_round, read
 from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
 
 # Files of a run directory the page may fetch (nothing else under the folder is ever served).
-RUN_FILES = (SAVED_CONFIG_FILE, PARTITION_PLOT, LEARNING_CURVE_PLOT, SUMMARY_FILE)
+RUN_FILES = (SAVED_CONFIG_FILE, PARTITION_PLOT, LEARNING_CURVE_PLOT, SUMMARY_FILE, LOG_FILE)
+#: The end of a trial's ``log.txt`` that /api/log sends (the whole file is served by /api/file).
+LOG_TAIL_BYTES = 64 * 1024
+#: The simulated clock of runs with ``systems.enabled`` (docs/guide/systems.md): the curves' other x-axis.
+SIM_TIME = "sim_time"
+#: In a folder of sweeps, the curves of this many best trials of each sweep are compared.
+COMPARED_TRIALS_PER_SWEEP = 10
 #: The files whose change means a run made progress or ended (metrics arrive as Parquet parts while it runs;
 #: ``stopped.json`` when its user stopped it).
 RUN_PROGRESS_FILES = (SAVED_CONFIG_FILE, METRICS_FILE, PARTS_DIR, SUMMARY_FILE, STOPPED_FILE)
@@ -101,7 +111,7 @@ STALE_ROUNDS = 5
 # Searches whose keys take a few listed values: their axes are categories, not ranges.
 CATEGORICAL_DOMAINS = ("grid", "choice")
 
-Kind = Literal["sweep", "run", "runs", "empty", "missing"]
+Kind = Literal["sweep", "sweeps", "run", "runs", "empty", "missing"]
 
 
 @dataclass
@@ -130,6 +140,7 @@ class Overview:
     num_trials: int | None = None  # trials the sweep will run (meta.json), when known
     started_at: str | None = None
     ray_dashboard_url: str | None = None
+    sweeps: list[dict[str, Any]] = field(default_factory=list)  # a folder of sweeps: each sweep's summary (DashboardData.sweep_summary)
     messages: list[Message] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -184,6 +195,37 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int = MAX_CURVE_POINTS)
         keep.append(1 + hits[np.unique(bucket_of[hits], return_index=True)[1]])  # the first extreme of each bucket
     keep = np.unique(np.concatenate(keep))
     return x[keep], y[keep]
+
+
+def curve_of(rows: pd.DataFrame, column: str, max_points: int) -> dict[str, Any] | None:
+    """One metric's curve from round rows in round order: ``{"round", "value"}``, downsampled (:func:`downsample`),
+    plus ``sim_time`` at the rounds kept when the rows carry the simulated clock (``systems.enabled``), so the page
+    can draw the curve against simulated time; None when no round reported the metric."""
+    values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    kept, _ = downsample(np.arange(len(values)), values, max_points)
+    if not len(kept):
+        return None
+    curve = {"round": rows["round"].to_numpy()[kept], "value": values[kept]}
+    if SIM_TIME in rows.columns:
+        clock = pd.to_numeric(rows[SIM_TIME], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)[kept]
+        if np.isfinite(clock).all():
+            curve[SIM_TIME] = clock
+    return curve
+
+
+def participation_histogram(participation: np.ndarray, num_clients: int | None) -> dict[str, Any]:
+    """How many clients took part in how many rounds: ``{"rounds": [k, ...], "clients": [n_k, ...]}`` from each
+    client's count of rounds with a row (``participation``), clients with no row at all counted at k = 0 when
+    ``num_clients`` (``data.num_clients``) is known; plus ``num_clients`` and ``clients_seen``."""
+    counts = np.asarray(participation, dtype=np.int64)
+    seen = int(np.count_nonzero(counts))
+    histogram = np.bincount(counts[counts > 0]) if seen else np.zeros(1, np.int64)
+    if num_clients is not None and num_clients >= len(counts):
+        histogram[0] = num_clients - seen
+    else:
+        histogram[0] = 0
+    rounds = np.flatnonzero(histogram)
+    return {"rounds": rounds, "clients": histogram[rounds], "num_clients": num_clients, "clients_seen": seen}
 
 
 def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
@@ -485,16 +527,20 @@ def is_sweep_dir(path: Path) -> bool:
 
 
 def detect_kind(path: Path) -> Kind:
-    """What ``path`` is now: a sweep directory, a run directory, a folder of run directories, an
-    empty/unrecognised folder, or missing (deleted, or not a directory). A sweep wins over a run."""
+    """What ``path`` is now: a sweep directory, a run directory, a folder of run directories, a folder of
+    sweep directories, an empty/unrecognised folder, or missing (deleted, or not a directory). A sweep wins
+    over a run, and run directories over sweep directories beside them."""
     if not path.is_dir():
         return "missing"
     if is_sweep_dir(path):
         return "sweep"
     if is_run_dir(path):
         return "run"
-    if any(is_run_dir(child) for child in subdirectories(path)):
+    children = subdirectories(path)
+    if any(is_run_dir(child) for child in children):
         return "runs"
+    if any(is_sweep_dir(child) for child in children):
+        return "sweeps"
     return "empty"
 
 
@@ -657,6 +703,8 @@ class DashboardData:
         self._longest_round: dict[str, float] = {}  # per unit watched for staleness ("" = the sweep), from the last overview
         self.importance_lock = threading.Lock()  # one fANOVA fit at a time (a second request waits for the first's result)
         self._importance: dict[tuple[str, str], dict[str, Any]] = {}  # (version, value) → the last result
+        self.sweeps_lock = threading.Lock()
+        self._sweeps: dict[str, DashboardData] = {}  # a folder of sweeps: each sweep's reader, by directory name
 
     def shown(self, path: Path) -> str:
         return shown_path(path, self.root)
@@ -668,6 +716,8 @@ class DashboardData:
         it starts, before it reports a metric, so the best trial's config needs no watching.)"""
         if kind == "sweep":
             return [self.root / name for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE)]
+        if kind == "sweeps":
+            return [d / name for d in self.sweep_dirs() for name in (META_FILE, TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE)]
         return [d / name for d in self.run_dirs(kind) for name in RUN_PROGRESS_FILES]
 
     def idle_seconds(self, paths: list[Path]) -> float | None:
@@ -706,6 +756,8 @@ class DashboardData:
             kind = detect_kind(self.root)
             if kind == "sweep":
                 overview = self._sweep_overview(version)
+            elif kind == "sweeps":
+                overview = self._sweeps_overview(version)
             elif kind in ("run", "runs"):
                 overview = self._runs_overview(kind, version)
             else:
@@ -735,15 +787,108 @@ class DashboardData:
             what = "is not a directory" if self.root.exists() else "does not exist (any more)"
             text = f"{name} {what}. Give a sweep directory, a fedray run directory or a folder of runs."
             return self._base(kind, version, messages=[Message("error", text)])
-        sweeps = [d.name for d in subdirectories(self.root) if is_sweep_dir(d)]
-        if sweeps:
-            text = f"{name} holds sweep directories, not one sweep: open one of them ({', '.join(sweeps[:10])}{', ...' if len(sweeps) > 10 else ''})."
-        else:
-            text = (
-                f"Nothing to show yet in {name}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {SAVED_CONFIG_FILE}/{METRICS_FILE} "
-                "(a run) and no run directories inside. This page updates by itself when a sweep or run starts writing here."
+        text = (
+            f"Nothing to show yet in {name}: no {META_FILE}/{TRIALS_FILE} (a sweep), no {SAVED_CONFIG_FILE}/{METRICS_FILE} "
+            "(a run) and no run or sweep directories inside. This page updates by itself when a sweep or run starts writing here."
+        )
+        return self._base(kind, version, messages=[Message("info", text)])
+
+    # -- a folder of sweeps ----------------------------------------------------------------------------
+
+    def sweep_dirs(self) -> list[Path]:
+        return [d for d in subdirectories(self.root) if is_sweep_dir(d)]
+
+    def sweep_data(self, name: str) -> DashboardData | None:
+        """The reader of the sweep directory ``name`` of a folder of sweeps (kept, so that its files are parsed again
+        only when they change), or None when the folder has no such sweep."""
+        directory = next((d for d in self.sweep_dirs() if d.name == name), None)
+        if directory is None:
+            return None
+        with self.sweeps_lock:
+            data = self._sweeps.get(name)
+            if data is None or data.root != directory.resolve():
+                data = self._sweeps[name] = DashboardData(directory, self.max_curve_points)
+            return data
+
+    def _sweeps_overview(self, version: str) -> Overview:
+        """A folder of sweep directories (e.g. ``sweeps/``): no trials of its own, each sweep summarised
+        (:func:`sweep_summary`) for the page's comparison of the sweeps it ticks (:meth:`compare_sweeps`)."""
+        self._rounds = pd.DataFrame(columns=["trial_id", "round"])
+        summaries, problems = [], []
+        for directory in self.sweep_dirs():
+            sweep = self.sweep_data(directory.name)
+            if sweep is None:  # removed meanwhile
+                continue
+            overview = sweep.overview()
+            summaries.append(sweep_summary(directory.name, overview))
+            problems += [Message(m.level, f"{directory.name}: {m.text}") for m in overview.messages if m.level == "error"]
+        names = [summary["name"] for summary in summaries]
+        listed = f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+        messages = [
+            Message(
+                "info",
+                f"{self.root.name} holds sweep directories: tick two or more below to compare them side by side, "
+                f"or open one of them ({listed}) with `fedray dashboard {self.root.name}/NAME`.",
             )
-        return self._base(kind, version, messages=[Message("info" if not sweeps else "warning", text)])
+        ]
+        metrics = sorted({summary["metric"] for summary in summaries})
+        if len(metrics) > 1:
+            messages.append(
+                Message("warning", f"The sweeps optimise different metrics ({', '.join(metrics)}): their best values do not compare.")
+            )
+        return self._base("sweeps", version, sweeps=summaries, messages=messages + problems)
+
+    def compare_sweeps(self, names: list[str], metric: str | None) -> dict[str, Any]:
+        """Sweeps of a folder of sweeps side by side: for each of ``names``, its trials' best and final values, and the
+        curves of ``metric`` (default: each sweep's own metric) of its :data:`COMPARED_TRIALS_PER_SWEEP` best trials
+        (ranked among the trials of the sweep's own quantity first, as the sweep's page ranks them)."""
+        self.overview()
+        sweeps, messages = [], []
+        for name in dict.fromkeys(names):
+            data = self.sweep_data(name)
+            if data is None:
+                messages.append(asdict(Message("warning", f"No sweep named {name!r} in {self.root.name}.")))
+                continue
+            overview = data.overview()
+            sign = 1.0 if overview.mode == "max" else -1.0
+            scored = [t for t in overview.trials if isinstance(t.get("best_metric"), (int, float)) and math.isfinite(t["best_metric"])]
+            ranked = sorted(scored, key=lambda t: (t["metric_name"] != overview.metric, -sign * t["best_metric"]))
+            compared = [t["trial_id"] for t in ranked[:COMPARED_TRIALS_PER_SWEEP]]
+            curve_metric = metric if metric else overview.metric
+            trial_columns = ("trial_id", "label", "status", "best_metric", "latest_metric", "best_round", "metric_name")
+            sweeps.append(
+                {
+                    **sweep_summary(name, overview),
+                    "trials": [{key: t.get(key) for key in trial_columns} for t in overview.trials],
+                    "compared_trials": compared,
+                    "curve_metric": curve_metric,
+                    "curves": data.curves(compared, curve_metric)["curves"],
+                }
+            )
+        return json_safe({"sweeps": sweeps, "messages": messages})
+
+    # -- a trial's log -----------------------------------------------------------------------------
+
+    def run_log(self, trial_id: str, tail_bytes: int = LOG_TAIL_BYTES) -> dict[str, Any]:
+        """The end of a trial's ``log.txt`` (its last ``tail_bytes``, from the first whole line), as the page shows
+        it: ``{"trial_id", "exists", "text", "truncated", "size"}``. The served folder's absolute path is replaced
+        by its name, as everywhere on the page."""
+        path = self.run_file(trial_id, LOG_FILE)
+        result: dict[str, Any] = {"trial_id": trial_id, "exists": path is not None, "text": "", "truncated": False, "size": 0}
+        if path is None:
+            return result
+        try:
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                start = max(0, size - tail_bytes)
+                file.seek(start)
+                tail = file.read(size - start)
+        except OSError:  # removed between finding and reading it
+            return {**result, "exists": False}
+        if start:
+            tail = tail[tail.find(b"\n") + 1 :]
+        text = tail.decode("utf-8", errors="replace").replace(str(self.root), self.root.name)
+        return {**result, "text": text, "truncated": start > 0, "size": size}
 
     def _finish(
         self,
@@ -1024,12 +1169,12 @@ class DashboardData:
             rounds = self._rounds
         curves: dict[str, Any] = {}
         if metric in rounds.columns:
-            selected = rounds[rounds["trial_id"].isin(trial_ids)][["trial_id", "round", metric]]
+            columns = list(dict.fromkeys(["trial_id", "round", metric, *([SIM_TIME] if SIM_TIME in rounds.columns else [])]))
+            selected = rounds[rounds["trial_id"].isin(trial_ids)][columns]
             for trial_id, rows in selected.groupby("trial_id", sort=False):
-                rows = rows.sort_values("round")
-                x, y = downsample(rows["round"].to_numpy(), pd.to_numeric(rows[metric], errors="coerce").to_numpy(), self.max_curve_points)
-                if len(x):
-                    curves[str(trial_id)] = {"round": x, "value": y}
+                curve = curve_of(rows.sort_values("round"), metric, self.max_curve_points)
+                if curve is not None:
+                    curves[str(trial_id)] = curve
         return json_safe({"metric": metric, "curves": curves})
 
     def groups(self, by: list[str], metric: str) -> dict[str, Any]:
@@ -1112,6 +1257,7 @@ class DashboardData:
             "curves": {},
             "clients": None,
             "client_summary": {},
+            "participation": None,
             "config": None,
             "files": {},
             "summary": None,
@@ -1141,16 +1287,17 @@ class DashboardData:
                 round_rows = self._rounds[self._rounds["trial_id"] == trial_id]
         round_rows = round_rows.sort_values("round")
         for column in numeric_columns(round_rows):
-            x, y = downsample(
-                round_rows["round"].to_numpy(), pd.to_numeric(round_rows[column], errors="coerce").to_numpy(), self.max_curve_points
-            )
-            if len(x):
-                view["curves"][column] = {"round": x, "value": y}
+            curve = curve_of(round_rows, column, self.max_curve_points)
+            if curve is not None:
+                view["curves"][column] = curve
         if metrics is not None and metrics.client_rounds:
             chosen = client_round if client_round in metrics.client_rounds else metrics.client_rounds[-1]
             at_round = self.cache.read(run_metrics_path(run_dir), read_round_clients, messages, variant=chosen)
             view["clients"] = clients_at_round(at_round, metrics.client_rounds, chosen)
             view["client_summary"] = downsampled_summary(metrics, self.max_curve_points)
+            config = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_yaml_mapping, messages) or {}
+            num_clients = (config.get("data") or {}).get("num_clients") if isinstance(config.get("data"), dict) else None
+            view["participation"] = participation_histogram(metrics.participation, num_clients if isinstance(num_clients, int) else None)
         view["metric"], view["mode"] = overview.metric, overview.mode
         view["messages"] = [asdict(m) for m in messages]
         return json_safe(view)
@@ -1164,6 +1311,31 @@ class DashboardData:
         run_dir = self.trial_run_dir(trial_id)
         path = None if run_dir is None else inside(run_dir / name, self.root)
         return path if path is not None and path.is_file() else None
+
+
+def sweep_summary(name: str, overview: Overview) -> dict[str, Any]:
+    """One sweep of a folder of sweeps, as its list on the page shows it: its directory ``name``, id, status, metric
+    and mode, trial counts by status, and its best trial (its label and best value)."""
+    best = next((t for t in overview.trials if t["trial_id"] == overview.best_trial), None)
+    counts: dict[str, int] = {}
+    for trial in overview.trials:
+        counts[trial["status"]] = counts.get(trial["status"], 0) + 1
+    return {
+        "name": name,
+        "title": overview.title,
+        "status": overview.status,
+        "metric": overview.metric,
+        "mode": overview.mode,
+        "swept_keys": overview.swept_keys,
+        "num_trials": len(overview.trials),
+        "planned_trials": overview.num_trials,
+        "counts": counts,
+        "round_metrics": overview.round_metrics,
+        "best_trial": overview.best_trial,
+        "best_label": None if best is None else best["label"],
+        "best_metric": None if best is None else best["best_metric"],
+        "best_round": None if best is None else best["best_round"],
+    }
 
 
 def as_new_run_config(config_text: str) -> str:

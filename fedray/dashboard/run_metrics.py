@@ -6,6 +6,7 @@ for a long run with many clients. The dashboard keeps, per file version (:class:
 - the round rows whole (one per round: what the curves plot);
 - the client rows summarised per round: for each numeric client metric, the count, mean, minimum,
   quartiles and maximum of the clients' values in each round (exact, ``numpy.percentile``);
+- each client's participation: the number of rounds that have a row of it (one integer per client id);
 
 and reads a single round's client rows from the file when the page asks for the per-client
 distribution at that round (:func:`read_clients_at_round`: Parquet row-group statistics skip the
@@ -43,6 +44,7 @@ class RunMetrics:
     rounds: pd.DataFrame  # the round rows, by round, without ``scope`` and ``client_id``
     client_rounds: list[int] = field(default_factory=list)  # rounds that have client rows, ascending
     client_summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # metric → statistic → value per client round
+    participation: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # client id → rounds it has a row in
 
 
 class _RoundSummaries:
@@ -52,10 +54,17 @@ class _RoundSummaries:
     def __init__(self) -> None:
         self.pending: dict[int, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
         self.done: dict[int, dict[str, tuple[float, ...]]] = {}
+        self.participation = np.zeros(0, np.int64)
 
     def add(self, clients: pa.Table) -> None:
         if len(clients) == 0:
             return
+        if "client_id" in clients.column_names:
+            ids = clients["client_id"].to_numpy(zero_copy_only=False).astype(np.float64)
+            counts = np.bincount(ids[np.isfinite(ids) & (ids >= 0)].astype(np.int64))
+            if len(counts) > len(self.participation):
+                self.participation = np.pad(self.participation, (0, len(counts) - len(self.participation)))
+            self.participation[: len(counts)] += counts
         rounds = clients["round"].to_numpy(zero_copy_only=False).astype(np.int64)
         first = int(rounds.min())
         if any(round in self.done for round in np.unique(rounds).tolist()):
@@ -137,7 +146,7 @@ def summarise_batches(batches: Iterable[pa.RecordBatch]) -> RunMetrics:
         )
     else:
         frame = pd.DataFrame(columns=["round"])
-    return RunMetrics(frame, client_rounds, summary)
+    return RunMetrics(frame, client_rounds, summary, clients.participation)
 
 
 def read_run_metrics(path: Path) -> RunMetrics:

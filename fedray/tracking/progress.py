@@ -13,6 +13,19 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from fedray.tracking.callbacks import Callback, RunContext
 
 
+def round_postfix(row: dict[str, Any]) -> dict[str, str]:
+    """What the progress bar shows of a round's row (and a sweep trial's ``log.txt``, :mod:`fedray.tune.trial_log`):
+    the training loss, the seconds it took, the accuracies evaluated and the privacy ε spent so far."""
+    postfix = {"loss": f"{row['train_loss']:.3f}", "s/round": f"{row['seconds']:.2f}"}
+    if "test_accuracy" in row:
+        postfix["acc"] = f"{row['test_accuracy']:.4f}"
+    if "personal_accuracy" in row:
+        postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
+    if "dp_epsilon" in row:  # privacy.mechanism: the ε spent so far (docs/guide/privacy.md)
+        postfix["ε"] = f"{row['dp_epsilon']:.3g}"
+    return postfix
+
+
 class ProgressBar(Callback):
     def __init__(self) -> None:
         self.bar: tqdm | None = None
@@ -23,14 +36,7 @@ class ProgressBar(Callback):
         self.redirect.enter_context(logging_redirect_tqdm([logging.getLogger("fedray.health")]))
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        postfix = {"loss": f"{row['train_loss']:.3f}", "s/round": f"{row['seconds']:.2f}"}
-        if "test_accuracy" in row:
-            postfix["acc"] = f"{row['test_accuracy']:.4f}"
-        if "personal_accuracy" in row:
-            postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
-        if "dp_epsilon" in row:  # privacy.mechanism: the ε spent so far (docs/guide/privacy.md)
-            postfix["ε"] = f"{row['dp_epsilon']:.3g}"
-        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.set_postfix(round_postfix(row), refresh=False)
         self.bar.update(1)
 
     def on_run_end(self, run: RunContext) -> None:

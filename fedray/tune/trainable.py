@@ -30,6 +30,9 @@ state at that round (the checkpoint file, the metrics (``metrics.parquet`` or ``
 that donor's round: its run directory is reset to the donor's state and the exploit is recorded in
 ``exploits.json`` (round, donor trial, new values).
 
+Each trial writes ``log.txt`` in its run directory (:mod:`fedray.tune.trial_log`): its rounds, warnings and,
+when it fails, the traceback.
+
 A trial that fails deterministically reports the error as its last result and ends, never retried
 (:data:`DETERMINISTIC_ERRORS`): on its config (:class:`ConfigError`, e.g. data missing on the trial's
 node), by diverging (:class:`TrainingDiverged`: every run of the trial's seeded config diverges in the
@@ -59,6 +62,7 @@ from fedray.tracking.metrics_file import METRICS_FILE, PARTS_DIR
 from fedray.tune.pool import warm_server
 from fedray.tune.results import CONFIG_ERROR, engine_metrics, trial_run_dir
 from fedray.tune.spec import SweepSpec
+from fedray.tune.trial_log import TrialLog
 
 SERVER_BUNDLE = 0
 FIRST_WORKER_BUNDLE = 1
@@ -213,18 +217,24 @@ def _finished(run_dir: Path, config: RunConfig) -> bool:
 
 
 def run_trial(values: dict[str, Any], *, spec: SweepSpec, sweep_dir: str) -> None:
-    """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``.
+    """The Tune trainable: run (or continue) the simulation of the trial with the swept ``values``,
+    writing its ``log.txt`` (:class:`~fedray.tune.trial_log.TrialLog`, with the traceback of any error).
     A deterministic error ends the trial with the error as its result (see the module docstring)."""
-    try:
-        _run_trial(values, spec, Path(sweep_dir))
-    except DETERMINISTIC_ERRORS as error:
-        tune.report({spec.metric: float("nan"), "round": 0, CONFIG_ERROR: error.detail if isinstance(error, ConfigError) else str(error)})
+    trial_id = tune.get_context().get_trial_id()
+    run_dir = Path(sweep_dir) / trial_run_dir(trial_id)
+    with TrialLog(run_dir, trial_id) as log:
+        try:
+            _run_trial(values, spec, run_dir, log)
+        except DETERMINISTIC_ERRORS as error:
+            log.failed(error)
+            tune.report(
+                {spec.metric: float("nan"), "round": 0, CONFIG_ERROR: error.detail if isinstance(error, ConfigError) else str(error)}
+            )
 
 
-def _run_trial(values: dict[str, Any], spec: SweepSpec, sweep_dir: Path) -> None:
+def _run_trial(values: dict[str, Any], spec: SweepSpec, run_dir: Path, log: TrialLog) -> None:
     swept = {key: values[key] for key in spec.swept_keys}
     config = spec.trial_config(swept)
-    run_dir = sweep_dir / trial_run_dir(tune.get_context().get_trial_id())
     start_round = restore_from_tune_checkpoint(run_dir, swept)
     reporter = TuneReporter(spec.metric, start_round, config.train.rounds, copy_engine_state=spec.scheduler.type == "pbt")
     if _finished(run_dir, config):
@@ -240,12 +250,13 @@ def _run_trial(values: dict[str, Any], spec: SweepSpec, sweep_dir: Path) -> None
             if isinstance(callback, MetricsParquet):
                 callback.min_interval = 0.0  # Tune may end the trial at any report: keep metrics.parquet whole
         with warm_server(config, group) if spec.reuse_workers else nullcontext() as warm:
-            run_experiment(
+            summary = run_experiment(
                 config,
                 run_dir=run_dir,
                 resume=True,  # continues from the run directory's latest checkpoint; from round 1 if it has none
                 placement=(group, FIRST_WORKER_BUNDLE),
-                callbacks=callbacks + [PlacementRecord(), reporter],
+                callbacks=callbacks + [PlacementRecord(), log, reporter],
                 warm=warm,
             )
+        log.summary(summary)
     reporter.report_held_back(run_dir)

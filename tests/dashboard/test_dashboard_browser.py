@@ -322,6 +322,8 @@ def test_fedray_tune_writes_what_the_dashboard_reads(real_sweep):
         view = data.run_view(trial["trial_id"])
         assert view["messages"] == [] and view["run_dir"] == trial["run_dir"]
         assert len(view["curves"]["test_accuracy"]["round"]) == ROUNDS and view["clients"]["num_clients"] == CLIENTS_PER_ROUND
+        log = data.run_log(trial["trial_id"])["text"]  # each trial's log.txt: a line per round, as `fedray run` shows it
+        assert [f"round {r}/{ROUNDS}: loss=" in log for r in range(1, ROUNDS + 1)] == [True] * ROUNDS and "finished: final test acc." in log
         assert (
             data.curves([trial["trial_id"]], overview.metric)["curves"][trial["trial_id"]]["value"]
             == view["curves"]["test_accuracy"]["value"]

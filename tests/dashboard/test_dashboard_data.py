@@ -553,7 +553,9 @@ def test_empty_missing_and_sweeps_folders_get_messages(tmp_path):
     assert empty.kind == "empty" and empty.trials == [] and "Nothing to show yet" in empty.messages[0].text
     (tmp_path / "empty" / "sweep-a").mkdir()
     write_meta(tmp_path / "empty" / "sweep-a", [], 1)
-    assert "open one of them (sweep-a)" in DashboardData(tmp_path / "empty").overview().messages[0].text
+    sweeps = DashboardData(tmp_path / "empty").overview()  # a folder of sweeps: the page compares them
+    assert sweeps.kind == "sweeps" and [s["name"] for s in sweeps.sweeps] == ["sweep-a"]
+    assert "open one of them (sweep-a)" in sweeps.messages[0].text
 
 
 def test_cli_rejects_a_missing_path_with_exit_2(tmp_path, capsys):

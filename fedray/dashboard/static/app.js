@@ -36,6 +36,13 @@ const STATUS_GROUPS = [    // the timeline's colours and legend
   { name: "stopped by its user", statuses: ["STOPPED"], color: "#78909c" },
   { name: "failed", statuses: ["ERROR", "INTERRUPTED", "STALLED"], color: "#c62828" },
 ];
+const SIM_TIME = "sim_time";
+const SYSTEMS_PLOTS = [      // the run view's plots of runs with systems.enabled (docs/guide/systems.md), by metric column
+  { div: "run-clients-count-plot", names: ["selected", "aggregated", "dropped", "late"], title: "clients per round", y: "clients" },
+  { div: "run-bytes-plot", names: ["bytes_down", "bytes_up"], title: "bytes per round", y: "bytes" },
+  { div: "run-staleness-plot", names: ["staleness_mean", "staleness_max"], title: "staleness (FedBuff)", y: "versions" },
+];
+const LOG_REFRESH = new Set(["RUNNING", "PENDING"]);  // trials whose log the page re-reads at every check
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
 const state = {
@@ -57,6 +64,9 @@ const state = {
   importanceKey: null,       // what the importance plot shows, to refetch only when it changes
   brushRanges: {},           // parallel-coordinates axis label → its brushed range(s), kept across updates
   brushTrials: [],           // trial ids in the order of the parallel coordinates' values
+  xAxis: "round",            // the curves' x-axis: "round", or "sim_time" (the simulated clock of runs with systems.enabled)
+  compare: { selected: null, metric: null, key: null },  // a folder of sweeps: the sweeps ticked, the curves' metric
+  runLogKey: null,           // the log shown (trial and size), to redraw it only when it grew
 };
 
 const $ = (id) => document.getElementById(id);
@@ -135,7 +145,7 @@ function topTrials(overview, n) {
 function renderHeader(ov) {
   $("title").textContent = ov.title || "dashboard";
   document.title = `${ov.title} · fedray dashboard`;
-  $("kind").textContent = { sweep: "sweep", run: "run", runs: "folder of runs", empty: "waiting", missing: "not found" }[ov.kind] || ov.kind;
+  $("kind").textContent = { sweep: "sweep", sweeps: "folder of sweeps", run: "run", runs: "folder of runs", empty: "waiting", missing: "not found" }[ov.kind] || ov.kind;
   const status = $("sweep-status");
   status.textContent = ov.status || "";
   status.className = `badge ${ov.status === "stalled" ? "failed" : ov.status || ""}`;
@@ -144,6 +154,7 @@ function renderHeader(ov) {
   const parts = [`${ov.trials.length}${ov.num_trials ? ` / ${ov.num_trials}` : ""} trials`];
   Object.entries(counts).forEach(([k, v]) => parts.push(`${v} ${String(k).toLowerCase()}`));
   parts.push(`metric ${ov.metric} (${ov.mode})`);
+  if (ov.kind === "sweeps") parts.splice(0, parts.length, `${ov.sweeps.length} sweeps`);
   if (ov.started_at) parts.push(`started ${ov.started_at}`);
   $("summary").textContent = parts.join(" · ");
   const ray = $("ray-link");
@@ -391,6 +402,25 @@ function roundAxis(traces) {
   return last <= 12 ? { title: { text: "round" }, dtick: 1 } : { title: { text: "round" } };
 }
 
+function useSimTime(curves) {
+  // the simulated clock as x when it is chosen and every curve has it
+  return state.xAxis === SIM_TIME && curves.length > 0 && curves.every((c) => Array.isArray(c.sim_time));
+}
+
+function xAxisOf(traces, simTime) {
+  return simTime ? { title: { text: "simulated time (s)" }, tickformat: ".3~s" } : roundAxis(traces);
+}
+
+function showXAxisChoice(available) {
+  // the x-axis menus, shown where some curve carries the simulated clock; all of them show the one choice
+  document.querySelectorAll(".x-axis-bar").forEach((bar) => {
+    const inRun = bar.closest("#run-body") !== null, inCompare = bar.closest("#sweeps-section") !== null;
+    bar.hidden = !(inRun ? available.run : inCompare ? available.compare : available.curves);
+  });
+  document.querySelectorAll("select.x-axis").forEach((select) => { select.value = state.xAxis; });
+}
+const xAxisAvailable = { curves: false, run: false, compare: false };
+
 function traceName(trial, ov, metric) {
   // the trial by its swept values; the quantity when its metric is not the sweep's (a linear probe's accuracy)
   const other = metric === ov.metric && trial.metric_name !== ov.metric ? ` [${trial.metric_name}]` : "";
@@ -451,26 +481,32 @@ async function renderCurves(force = false) {
   ids.forEach((id) => params.append("trial", id));
   const data = await getJSON(`/api/curves?${params}`);
   const byId = new Map(ov.trials.map((t) => [t.trial_id, t]));
-  const drawn = ids.filter((id) => data.curves[id]);
+  const reported = ids.filter((id) => data.curves[id]);
+  // against the simulated clock, only the trials that have one (runs without systems.enabled have no sim_time)
+  const simTime = state.xAxis === SIM_TIME && reported.some((id) => data.curves[id].sim_time);
+  const drawn = simTime ? reported.filter((id) => data.curves[id].sim_time) : reported;
   const fullNames = drawn.map((id) => traceName(byId.get(id), ov, data.metric));
   const legendNames = shortNames(fullNames);
   const traces = drawn.map((id, index) => {
     const name = fullNames[index];
+    const curve = data.curves[id];
     return {
       type: "scatter",
-      mode: data.curves[id].round.length <= 60 ? "lines+markers" : "lines",
+      mode: curve.round.length <= 60 ? "lines+markers" : "lines",
       name: legendNames[index],
       meta: name,
-      x: data.curves[id].round,
-      y: data.curves[id].value,
+      x: simTime ? curve.sim_time : curve.round,
+      y: curve.value,
+      customdata: curve.round,
       line: { width: id === ov.best_trial ? 3 : 1.5 },
       marker: { size: 4 },
-      hovertemplate: `${name}<br>round %{x}<br>${data.metric} %{y:.4g}<extra>${id}</extra>`,
+      hovertemplate: `${name}<br>round %{customdata}${simTime ? " · sim_time %{x:.4g} s" : ""}<br>${data.metric} %{y:.4g}<extra>${id}</extra>`,
     };
   });
-  empty.hidden = traces.length > 0;
-  empty.textContent = `The selected trials have not reported ${data.metric} yet.`;
-  drawCurves(traces, data.metric, "trials");
+  empty.hidden = traces.length > 0 && drawn.length === reported.length;
+  empty.textContent = traces.length ? `${reported.length - drawn.length} selected trial(s) have no simulated clock (sim_time) and are not drawn.`
+    : `The selected trials have not reported ${data.metric} yet.`;
+  drawCurves(traces, data.metric, "trials", simTime);
 }
 
 function shortNames(names) {
@@ -506,14 +542,14 @@ async function drawPlot(div, traces, layout, config = PLOT_CONFIG) {
   legendTooltips(element);
 }
 
-function drawCurves(traces, metric, mode) {
+function drawCurves(traces, metric, mode, simTime = false) {
   drawPlot("curves-plot", traces, {
     margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 40 },
-    xaxis: roundAxis(traces),
+    xaxis: xAxisOf(traces, simTime),
     yaxis: { title: { text: metric }, tickformat: ".3~g" },
     legend: { font: { size: 11 } },
     showlegend: true,
-    uirevision: `${metric}/${mode}`,  // keep the user's zoom across live updates
+    uirevision: `${metric}/${mode}/${simTime}`,  // keep the user's zoom across live updates
   }).catch(showError);
 }
 
@@ -931,16 +967,21 @@ function openRun(trialId) {
   $("run-section").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
-function curvePlot(divId, curves, names, title) {
-  const traces = names.filter((n) => curves[n]).map((n) => ({
+function curvePlot(divId, curves, names, title, yTitle = null) {
+  // the run's curves of `names`, against the round or (state.xAxis) the simulated clock
+  const shown = names.filter((n) => curves[n]);
+  const simTime = useSimTime(shown.map((n) => curves[n]));
+  const traces = shown.map((n) => ({
     type: "scatter", mode: curves[n].round.length <= 60 ? "lines+markers" : "lines", name: n,
-    x: curves[n].round, y: curves[n].value, marker: { size: 4 },
+    x: simTime ? curves[n].sim_time : curves[n].round, y: curves[n].value, marker: { size: 4 }, customdata: curves[n].round,
+    hovertemplate: `${n} %{y:.4g}<br>round %{customdata}${simTime ? " · sim_time %{x:.4g} s" : ""}<extra></extra>`,
   }));
   // the title on the left of the modebar's row, the legend under the plot: neither lies under the modebar
   Plotly.react(divId, traces, {
     margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 80 }, title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
-    xaxis: roundAxis(traces), showlegend: true, legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" },
-    uirevision: title,
+    xaxis: xAxisOf(traces, simTime), yaxis: { ...(yTitle ? { title: { text: yTitle } } : {}), tickformat: yTitle === "bytes" ? ".3~s" : "" },
+    showlegend: true, legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" },
+    uirevision: `${title}/${simTime}`,
   }, SMALL_PLOT_CONFIG);
 }
 
@@ -965,6 +1006,8 @@ async function renderRun() {
   $("run-info").textContent = info.join(" · ");
 
   const names = Object.keys(view.curves);
+  xAxisAvailable.run = Boolean(view.curves[SIM_TIME]);
+  showXAxisChoice(xAxisAvailable);
   const accuracy = names.filter((n) => /accuracy/.test(n) && !/_std$/.test(n));
   const loss = names.filter((n) => /loss/.test(n));
   curvePlot("run-accuracy-plot", view.curves, accuracy.length ? accuracy : names.slice(0, 1), "accuracy");
@@ -975,7 +1018,10 @@ async function renderRun() {
   if (view.curves.dp_epsilon) curvePlot("run-privacy-plot", view.curves, ["dp_epsilon"], "privacy spent: ε at the run's δ");
   else Plotly.purge(privacy);
 
+  renderSystems(view.curves);
   renderClients(view.clients);
+  renderClientSummary(view.client_summary, view.participation);
+  renderLog(trialId, trial).catch(showError);
 
   const img = $("partition-img");
   const stamp = view.files["partition.png"];
@@ -1031,6 +1077,224 @@ function renderClients(clients) {
   });
 }
 
+function renderSystems(curves) {
+  // per round: clients selected / aggregated / dropped / late, bytes down and up, FedBuff's staleness
+  const present = SYSTEMS_PLOTS.filter((plot) => plot.names.some((n) => curves[n]));
+  $("run-systems").hidden = present.length === 0;
+  SYSTEMS_PLOTS.forEach((plot) => {
+    const div = $(plot.div);
+    div.hidden = !present.includes(plot);
+    if (!div.hidden) curvePlot(plot.div, curves, plot.names, plot.title, plot.y);
+    else Plotly.purge(div);
+  });
+}
+
+function summaryPlot(div, name, summary) {
+  // one client metric across the clients of each round: its median, the interquartile range and the range
+  const x = summary.round;
+  const band = (low, high, color, label) => [
+    { type: "scatter", mode: "lines", x, y: low, line: { width: 0, color }, hoverinfo: "skip", showlegend: false, legendgroup: label },
+    { type: "scatter", mode: "lines", x, y: high, line: { width: 0, color }, fill: "tonexty", fillcolor: color, name: label, legendgroup: label, hoverinfo: "skip" },
+  ];
+  const traces = [
+    ...band(summary.min, summary.max, "rgba(47,111,219,0.12)", "min–max"),
+    ...band(summary.q25, summary.q75, "rgba(47,111,219,0.3)", "quartiles"),
+    { type: "scatter", mode: x.length <= 60 ? "lines+markers" : "lines", x, y: summary.median, name: "median", line: { color: "#2f6fdb", width: 2 },
+      marker: { size: 4 }, customdata: summary.count, hovertemplate: `round %{x}: median ${name} %{y:.4g} over %{customdata} clients<extra></extra>` },
+  ];
+  Plotly.react(div, traces, {
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 80 },
+    title: { text: `${name} across clients`, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+    xaxis: roundAxis([{ x }]), yaxis: { tickformat: ".3~g" }, showlegend: true,
+    legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" }, uirevision: name,
+  }, SMALL_PLOT_CONFIG);
+}
+
+function renderClientSummary(summary, participation) {
+  // the run's client_summary: each client metric over the rounds, and how many rounds each client took part in
+  const container = $("run-client-summary");
+  const names = Object.keys(summary || {});
+  const hasParticipation = Boolean(participation && participation.clients_seen);
+  const wanted = [...names.map((n) => `summary:${n}`), ...(hasParticipation ? ["participation"] : [])];
+  $("client-summary-title").hidden = wanted.length === 0;
+  [...container.children].forEach((div) => { if (!wanted.includes(div.dataset.plot)) { Plotly.purge(div); div.remove(); } });
+  wanted.forEach((key) => {  // every div before the first plot, so each gets its final width
+    if (container.querySelector(`[data-plot="${CSS.escape(key)}"]`)) return;
+    const div = document.createElement("div");
+    div.className = "plot small summary-plot";
+    div.dataset.plot = key;
+    div.id = `run-${key.replace(/[^A-Za-z0-9_-]/g, "-")}-plot`;
+    container.appendChild(div);
+  });
+  names.forEach((name) => summaryPlot(container.querySelector(`[data-plot="${CSS.escape(`summary:${name}`)}"]`), name, summary[name]));
+  if (hasParticipation) {
+    const total = participation.num_clients;
+    $("client-summary-note").textContent = `(${participation.clients_seen} of ${total ?? "?"} clients took part in some round)`;
+    Plotly.react(container.querySelector('[data-plot="participation"]'), [{
+      type: "bar", x: participation.rounds, y: participation.clients, marker: { color: "#8d6e63" },
+      hovertemplate: "%{y} clients took part in %{x} rounds<extra></extra>",
+    }], {
+      margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 45 },
+      title: { text: "participation", font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+      xaxis: { title: { text: "rounds a client took part in" }, ...(participation.rounds.length <= 20 ? { dtick: 1 } : {}) },
+      yaxis: { title: { text: "clients" } }, showlegend: false, bargap: 0.1,
+    }, SMALL_PLOT_CONFIG);
+  } else {
+    $("client-summary-note").textContent = "";
+  }
+}
+
+function fmtBytes(bytes) {
+  return bytes < 1024 ? `${bytes} B` : bytes < 1024 ** 2 ? `${(bytes / 1024).toFixed(1)} KiB` : `${(bytes / 1024 ** 2).toFixed(1)} MiB`;
+}
+
+async function renderLog(trialId, trial) {
+  // the end of the trial's log.txt, kept scrolled to its end while it grows (unless the reader scrolled up)
+  const log = await getJSON(`/api/log?${new URLSearchParams({ trial: trialId })}`);
+  if (trialId !== state.runTrial) return;
+  const pre = $("run-log");
+  $("run-log-bar").hidden = !log.exists;
+  pre.hidden = !log.exists;
+  $("run-log-empty").hidden = log.exists;
+  if (!log.exists) {
+    $("run-log-note").textContent = "";
+    $("run-log-empty").textContent = "No log.txt in this run directory: fedray tune writes one for each trial (fedray run prints its progress in its terminal).";
+    state.runLogKey = null;
+    return;
+  }
+  const failed = FAILED.has(trial.status);
+  pre.classList.toggle("failed", failed);
+  $("run-log-note").textContent = `(${log.truncated ? `its last ${fmtBytes(log.text.length)} of ` : ""}${fmtBytes(log.size)}` +
+    `${LOG_REFRESH.has(trial.status) ? "; follows the trial while it runs" : ""}${failed ? "; the trial failed: its traceback is at the end" : ""})`;
+  $("run-log-file").href = `/api/file?${new URLSearchParams({ trial: trialId, name: "log.txt", v: log.size })}`;
+  const key = `${trialId}/${log.size}/${log.text.length}`;
+  if (key === state.runLogKey) return;
+  const following = state.runLogKey === null || !state.runLogKey.startsWith(`${trialId}/`) || pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+  state.runLogKey = key;
+  pre.textContent = log.text;
+  if (following) pre.scrollTop = pre.scrollHeight;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A folder of sweeps: the sweeps ticked, side by side
+
+function sweepColor(ov, name) { return PALETTE[ov.sweeps.findIndex((s) => s.name === name) % PALETTE.length]; }
+
+function renderSweeps(ov) {
+  document.body.dataset.kind = ov.kind;
+  $("sweeps-section").hidden = ov.kind !== "sweeps";
+  if (ov.kind !== "sweeps") return;
+  const names = ov.sweeps.map((s) => s.name);
+  if (state.compare.selected === null) state.compare.selected = new Set(names.slice(0, PALETTE.length));
+  state.compare.selected.forEach((name) => { if (!names.includes(name)) state.compare.selected.delete(name); });
+  $("sweeps-count").textContent = `(${names.length})`;
+  const head = ["", "", "sweep", "status", "trials", "metric", "best", "best trial"];
+  const headRow = document.createElement("tr");
+  head.forEach((text, i) => { const th = document.createElement("th"); th.textContent = text; if (i >= 2) th.className = "text"; headRow.appendChild(th); });
+  $("sweeps-table").tHead.replaceChildren(headRow);
+  $("sweeps-table").tBodies[0].replaceChildren(...ov.sweeps.map((sweep) => {
+    const tr = document.createElement("tr");
+    tr.dataset.sweep = sweep.name;
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.checked = state.compare.selected.has(sweep.name);
+    box.title = "compare this sweep";
+    box.addEventListener("change", () => {
+      if (box.checked) state.compare.selected.add(sweep.name); else state.compare.selected.delete(sweep.name);
+      renderComparison(state.overview).catch(showError);
+    });
+    const swatch = document.createElement("span");
+    swatch.style.background = sweepColor(ov, sweep.name);
+    const counts = Object.entries(sweep.counts).sort().map(([k, v]) => `${v} ${k.toLowerCase()}`).join(", ");
+    const cells = [box, swatch, sweep.name, sweep.status || "–", `${sweep.num_trials}${counts ? ` (${counts})` : ""}`, `${sweep.metric} (${sweep.mode})`,
+      fmt(sweep.best_metric), sweep.best_label ? `${sweep.best_label} (${sweep.best_trial})` : "–"];
+    cells.forEach((cell, i) => {
+      const td = document.createElement("td");
+      td.className = i === 1 ? "swatch" : i >= 2 ? "text" : "";
+      if (cell instanceof Node) td.appendChild(cell); else td.textContent = cell;
+      tr.appendChild(td);
+    });
+    tr.addEventListener("click", (event) => { if (event.target !== box) box.click(); });
+    return tr;
+  }));
+  renderComparison(ov).catch(showError);
+}
+
+async function renderComparison(ov) {
+  const chosen = ov.sweeps.filter((s) => state.compare.selected.has(s.name));
+  const metrics = [...new Set(chosen.flatMap((s) => s.round_metrics))];
+  if (!state.compare.metric || !metrics.includes(state.compare.metric)) state.compare.metric = chosen.length ? chosen[0].metric : null;
+  const menu = $("compare-metric");
+  if (menu.dataset.signature !== metrics.join("|")) {
+    menu.dataset.signature = metrics.join("|");
+    menu.replaceChildren(...metrics.map((m) => new Option(m, m)));
+  }
+  if (state.compare.metric) menu.value = state.compare.metric;
+  const key = JSON.stringify([ov.version, chosen.map((s) => s.name), state.compare.metric, state.xAxis]);
+  if (key === state.compare.key) return;
+  state.compare.key = key;
+  const empty = $("compare-empty");
+  if (chosen.length < 2) {
+    ["compare-best-plot", "compare-curves-plot"].forEach((id) => { purgePlot($(id)); $(id).hidden = true; });
+    empty.textContent = ov.sweeps.length < 2 ? "Only one sweep here: open it with fedray dashboard to see its trials." : "Tick two or more sweeps to compare them.";
+    empty.hidden = false;
+    return;
+  }
+  const params = new URLSearchParams({ metric: state.compare.metric });
+  chosen.forEach((s) => params.append("sweep", s.name));
+  const data = await getJSON(`/api/compare?${params}`);
+  if (key !== state.compare.key) return;  // the ticks changed meanwhile
+  empty.hidden = true;
+  ["compare-best-plot", "compare-curves-plot"].forEach((id) => { $(id).hidden = false; });
+
+  // best value of each trial (of its sweep's own quantity, failed trials left out), one column of points per sweep
+  const best = data.sweeps.flatMap((sweep) => {
+    const color = sweepColor(ov, sweep.name);
+    const counted = sweep.trials.filter((t) => t.metric_name === sweep.metric && !FAILED.has(t.status) && isNum(t.best_metric));
+    const top = counted.find((t) => t.trial_id === sweep.best_trial);
+    const name = `${sweep.name} (${sweep.metric})`;
+    return [
+      { type: "box", name, x: counted.map(() => name), y: counted.map((t) => t.best_metric), boxpoints: "all", jitter: 0.5, pointpos: 0,
+        text: counted.map((t) => `${t.label} (${t.trial_id})`), marker: { color, size: 7, opacity: 0.8 }, line: { color }, fillcolor: rgba(color, 0.1),
+        hovertemplate: `${sweep.name}<br>%{text}<br>best ${sweep.metric} %{y:.4g}<extra></extra>` },
+      ...(top ? [{ type: "scatter", mode: "markers", name: `★ ${sweep.name}`, x: [name], y: [top.best_metric], showlegend: false,
+        marker: { symbol: "star", size: 15, color: "#e0a100", line: { color, width: 1.5 } }, hovertemplate: `best of ${sweep.name}: ${top.label} %{y:.4g}<extra></extra>` }] : []),
+    ];
+  });
+  await drawPlot("compare-best-plot", best, {
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM + 10, b: 60 }, showlegend: false,
+    title: { text: "best value of each trial", font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+    yaxis: { title: { text: `best ${[...new Set(data.sweeps.map((s) => s.metric))].join(" / ")}` }, tickformat: ".3~g" }, xaxis: { type: "category" },
+  }, SMALL_PLOT_CONFIG);
+
+  // the curves of each sweep's best trials, in its colour; one legend entry per sweep toggles all of its curves
+  const allCurves = data.sweeps.flatMap((sweep) => sweep.compared_trials.map((id) => sweep.curves[id]).filter(Boolean));
+  const simTime = useSimTime(allCurves);
+  xAxisAvailable.compare = allCurves.some((c) => Array.isArray(c.sim_time));
+  showXAxisChoice(xAxisAvailable);
+  const traces = data.sweeps.flatMap((sweep) => {
+    const color = sweepColor(ov, sweep.name);
+    const labels = new Map(sweep.trials.map((t) => [t.trial_id, t.label]));
+    return sweep.compared_trials.filter((id) => sweep.curves[id]).map((id, index) => {
+      const curve = sweep.curves[id];
+      return {
+        type: "scatter", mode: curve.round.length <= 60 ? "lines+markers" : "lines", name: sweep.name, legendgroup: sweep.name, showlegend: index === 0,
+        meta: `${sweep.name}: ${labels.get(id)}`, x: simTime ? curve.sim_time : curve.round, y: curve.value, customdata: curve.round,
+        line: { color, width: id === sweep.best_trial ? 3 : 1.2 }, marker: { size: 3, color }, opacity: id === sweep.best_trial ? 1 : 0.6,
+        hovertemplate: `${sweep.name}<br>${labels.get(id)} (${id})<br>round %{customdata}${simTime ? " · sim_time %{x:.4g} s" : ""}<br>${sweep.curve_metric} %{y:.4g}<extra></extra>`,
+      };
+    });
+  });
+  const metricsDiffer = new Set(data.sweeps.map((s) => s.metric)).size > 1;
+  $("compare-note").textContent = metricsDiffer ? "the sweeps optimise different metrics: their best values do not compare" : "";
+  await drawPlot("compare-curves-plot", traces, {
+    margin: { l: 55, r: 10, t: MODEBAR_ROOM + 10, b: 90 }, xaxis: xAxisOf(traces, simTime),
+    title: { text: `${state.compare.metric} of each sweep's best trials`, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
+    yaxis: { title: { text: state.compare.metric }, tickformat: ".3~g" }, legend: { orientation: "h", x: 0, xanchor: "left", y: -0.22, yanchor: "top" },
+    uirevision: `compare/${state.compare.metric}/${simTime}`,
+  }, SMALL_PLOT_CONFIG);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The refresh loop
 
@@ -1048,6 +1312,9 @@ async function refresh() {
   if (state.runTrial !== null && !ov.trials.some((t) => t.trial_id === state.runTrial)) state.runTrial = null;
   renderHeader(ov);
   renderMessages($("messages"), ov.messages);
+  renderSweeps(ov);
+  xAxisAvailable.curves = ov.round_metrics.includes(SIM_TIME);
+  showXAxisChoice(xAxisAvailable);
   state.filter = parseFilter(state.filter.text, ov);  // the columns a filter names may have changed
   updateSelection(ov);
   renderTable(ov);
@@ -1070,6 +1337,10 @@ async function poll() {
       const { version } = await getJSON("/api/version");
       $("connection").hidden = true;
       if (version !== state.version) await refresh();
+      else if (state.runTrial !== null && state.overview) {  // a running trial's log grows between its reports
+        const trial = state.overview.trials.find((t) => t.trial_id === state.runTrial);
+        if (trial && LOG_REFRESH.has(trial.status)) await renderLog(state.runTrial, trial);
+      }
       $("updated").textContent = `checked ${new Date().toLocaleTimeString()}`;
       document.body.dataset.version = state.version;  // lets tests wait for an update
     } catch (error) {
@@ -1092,6 +1363,14 @@ function init() {
     renderCurves(true).catch(showError);
   }));
   $("curve-metric").addEventListener("change", (e) => { state.curveMetric = e.target.value; renderCurves(true).catch(showError); });
+  $("compare-metric").addEventListener("change", (e) => { state.compare.metric = e.target.value; renderComparison(state.overview).catch(showError); });
+  document.querySelectorAll("select.x-axis").forEach((select) => select.addEventListener("change", (e) => {
+    state.xAxis = e.target.value;
+    showXAxisChoice(xAxisAvailable);
+    if (!state.overview) return;
+    if (state.overview.kind === "sweeps") renderComparison(state.overview).catch(showError);
+    else { renderCurves(true).catch(showError); renderRun().catch(showError); }
+  }));
   $("value-kind").addEventListener("change", () => {
     if (!state.overview) return;
     renderParams(state.overview);
