@@ -1,7 +1,7 @@
 """Shared fixtures. One real local Ray instance per test session (started on first use), small data.
 
 The tests mirror the package (``tests/algorithms/``, ``tests/runtime/``, ...). Shared helpers are
-modules here (``e2e_helpers``, ``fault_injection``, ``federation_helpers``) and a few test modules that
+modules here (``e2e_helpers``, ``fault_injection``, ``federation_helpers``, ``preloaded_cli``) and a few test modules that
 others import from (``test_bad_inputs.assert_rejected``, ``test_personalized.simulate``, ...): every
 test folder is put on the import path, so such an import works from any folder."""
 

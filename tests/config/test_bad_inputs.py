@@ -1,11 +1,12 @@
 """Bad inputs to the ``fedray`` command: each exits with code 2 before the run starts, with one line
 of error (after the ``invalid config:`` header where the message has one), no traceback, and nothing
-written (no run directory). A value the schema refuses stops the command before Ray is imported; the
-checks that need the algorithm's code or the data run while a local Ray starts in the background,
-which is then stopped without printing anything (tests/runtime/test_ray_start.py).
+written (no run directory). A value the schema refuses stops the command before torch or Ray is
+imported; the checks that need the algorithm's code or the data run before Ray starts.
 
 Keep this table growing: every bad input found in the wild gets a row. Each row runs the real CLI in
-a subprocess in a fresh directory; ``files`` are written there first.
+its own process in a fresh directory (``files`` are written there first): a fork of a process that
+has imported torch, Ray and the algorithms once (tests/preloaded_cli.py), which also checks that the
+command returned without starting Ray. The tests below the table run ``python -m fedray.cli.main``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from preloaded_cli import run_fedray_preloaded
 
 REPO = Path(__file__).resolve().parents[2]
 DEEP = 5000
@@ -207,19 +208,15 @@ def assert_rejected(result: subprocess.CompletedProcess, expected: str) -> None:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, set[str], set[str]]]:
-    """Every case run once, four at a time (each is a separate CLI process in its own directory):
-    id -> (result, files before, files after)."""
-
-    def run_case(case) -> tuple[str, tuple]:
-        case_id, args, files, _ = case
+    """Every case run once, each by a process of its own in a directory of its own: id -> (result,
+    files before, files after)."""
+    results = {}
+    for case_id, args, files, _ in CASES:
         directory = tmp_path_factory.mktemp(case_id)
         create_files(directory, files)
         before = tree(directory)
-        result = run_fedray(args, directory)
-        return case_id, (result, before, tree(directory))
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(run_case, CASES))
+        results[case_id] = (run_fedray_preloaded(args, directory), before, tree(directory))
+    return results
 
 
 @pytest.mark.parametrize(("case_id", "expected"), [(case[0], case[3]) for case in CASES], ids=[case[0] for case in CASES])
@@ -232,7 +229,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(outcomes, case_id, e
 def test_gpu_workers_without_a_gpu_are_refused(tmp_path):
     if _has_cuda():
         pytest.skip("this machine has a GPU")
-    result = run_fedray(["run", "--set", "resources.gpus_per_worker=0.5"], tmp_path)
+    result = run_fedray_preloaded(["run", "--set", "resources.gpus_per_worker=0.5"], tmp_path)
     assert_rejected(result, "resources.gpus_per_worker: 0.5 but this machine has no GPU")
     assert tree(tmp_path) == set()
 

@@ -18,7 +18,8 @@ from PIL import Image
 from fedray.config import ConfigError, DataConfig
 from fedray.data import build_federated_dataset, load_dataset
 
-from test_bad_inputs import assert_rejected, create_files, run_fedray, tree
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected, create_files, tree
 
 
 def colour_image(label: int, index: int, size: int = 6, mode: str = "RGB") -> Image.Image:
@@ -420,6 +421,6 @@ BAD_DATA = [
 def test_bad_data_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, case_id: str, args: list, files: dict, expected: str) -> None:
     create_files(tmp_path, files)
     before = tree(tmp_path)
-    result = run_fedray(["run", *args], tmp_path)
+    result = run_fedray_preloaded(["run", *args], tmp_path)
     assert_rejected(result, expected)
     assert tree(tmp_path) - before <= {"__pycache__", *(f"__pycache__/{p.name}" for p in (tmp_path / "__pycache__").glob("*"))}

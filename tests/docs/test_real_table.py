@@ -1,4 +1,4 @@
-"""The bookkeeping of benchmarks/real_table.py (Ray-free but one): which tuned values an entry gets,
+"""The bookkeeping of benchmarks/real_table.py (its one run on the local backend): which tuned values an entry gets,
 which finished entries still count after a sweep changes them, and what an entry's result holds."""
 
 from __future__ import annotations
@@ -290,9 +290,8 @@ def test_the_default_report_targets_the_docs_and_never_the_readme():
 
 
 @pytest.mark.slow
-@pytest.mark.ray
-def test_an_entry_runs_once_then_is_read_back_with_its_totals(ray_session, tmp_path, tiny_overrides):
-    config = load_config(None, [*tiny_overrides, "eval.every=2"])
+def test_an_entry_runs_once_then_is_read_back_with_its_totals(tmp_path, tiny_overrides):
+    config = load_config(None, [*tiny_overrides, "eval.every=2", "resources.backend=local"])
     run_dir, spec = tmp_path / "entry", real_table.GROUPS["global"]
     result = real_table.run_or_resume(config, run_dir, spec)
     finished = (run_dir / "summary.json").stat().st_mtime_ns

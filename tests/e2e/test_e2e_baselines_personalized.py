@@ -1,7 +1,9 @@
 """End-to-end runs of the personalised, FedBN and self-supervised baselines (Ditto, FedRep, LG-FedAvg,
-FedBN, FedEMA, FedU) on the session's real local Ray: each learns, reports finite metrics, and keeps
-its personal part (BN layers, heads, bodies, personal models, BYOL targets) out of the server state
-and in the client state store; FedBN resumes to the same metrics as an uninterrupted run."""
+FedBN, FedEMA, FedU) with two workers on the local backend (in this process, bit-identical to two Ray
+workers: tests/runtime/test_backends.py): each learns, reports finite metrics, and keeps its personal
+part (BN layers, heads, bodies, personal models, BYOL targets) out of the server state and in the
+client state store; FedBN resumes to the same metrics as an uninterrupted run. A personalised run's
+resume and worker replacement on Ray are tests/e2e/test_e2e_personalized.py's."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from fedray.runtime.state_store import decode_state
 
 from e2e_helpers import CrashAfterRound, comparable_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = pytest.mark.slow
 
 SMALL = [
     "data.num_clients=4",
@@ -38,6 +40,7 @@ SMALL = [
     "output.plots=false",
     "output.name=run",
     "resources.num_workers=2",
+    "resources.backend=local",
 ]
 SSL = [
     "algorithm.projection_dim=32",
@@ -71,7 +74,7 @@ def client_states(run_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
 
 
 @pytest.fixture(scope="module")
-def completed_run(ray_session, tmp_path_factory):
+def completed_run(tmp_path_factory):
     """``completed_run(name)``: the config and run directory of one uninterrupted run per algorithm
     (run on first use, shared by the tests of this module)."""
     runs: dict[str, tuple] = {}

@@ -1,4 +1,5 @@
-"""FedRCL end to end on the session's real local Ray: digits, cnn_small's three taps, a few rounds."""
+"""FedRCL end to end with two workers on the local backend (bit-identical to two Ray workers:
+tests/runtime/test_backends.py): digits, cnn_small's three taps, a few rounds."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from fedray import load_config
 from fedray.runtime import run_experiment
 from fedray.tracking import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fedrcl_digits.yaml"
 
 
-def test_fedrcl_trains_on_digits_with_an_active_penalty(ray_session, tiny_overrides, tmp_path):
-    config = load_config(EXAMPLE, tiny_overrides)
+def test_fedrcl_trains_on_digits_with_an_active_penalty(tiny_overrides, tmp_path):
+    config = load_config(EXAMPLE, [*tiny_overrides, "resources.backend=local"])
     summary = run_experiment(config, progress=False)
 
     rounds = read_metrics(tmp_path / "run", "round")

@@ -1,5 +1,6 @@
-"""FedSC, FedSKC, FedProto and MOON end to end through ``run_experiment`` on the session's local Ray
-(tiny digits runs), and MOON's previous-local-model state surviving a driver crash and a resume."""
+"""FedSC, FedSKC, FedProto and MOON end to end through ``run_experiment`` (tiny digits runs; two
+workers on the local backend, bit-identical to two Ray workers: tests/runtime/test_backends.py), and
+MOON's previous-local-model state surviving a driver crash and a resume."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fedray.tracking import read_metrics
 
 from e2e_helpers import CrashAfterRound, final_weights
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = pytest.mark.slow
 
 
 def tiny_config(out_dir, *overrides: str):
@@ -30,6 +31,7 @@ def tiny_config(out_dir, *overrides: str):
             "train.rounds=3",
             "train.local_epochs=2",
             "checkpoint.every=2",
+            "resources.backend=local",
             *overrides,
         ],
     )
@@ -50,7 +52,7 @@ def later_client_rows(run_dir, term: str) -> list[float]:
     ],
     ids=["fedsc", "fedskc", "fedproto", "moon"],
 )
-def test_algorithm_trains_on_ray(ray_session, tmp_path, overrides, round_metric, client_terms):
+def test_algorithm_trains_end_to_end(tmp_path, overrides, round_metric, client_terms):
     summary = run_experiment(tiny_config(tmp_path, *overrides), progress=False)
     rows = read_metrics(tmp_path / "run", "round")
     assert [r["round"] for r in rows] == [1, 2, 3]
@@ -63,7 +65,7 @@ def test_algorithm_trains_on_ray(ray_session, tmp_path, overrides, round_metric,
         assert any(v > 0 for v in values), (term, values)  # the term was active on the workers
 
 
-def test_moon_resume_restores_the_previous_local_models(ray_session, tmp_path):
+def test_moon_resume_restores_the_previous_local_models(tmp_path):
     moon = [
         "algorithm.name=moon",
         "model.projection_dim=16",

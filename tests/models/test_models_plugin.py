@@ -2,7 +2,7 @@
 each algorithm requires of the model and the config (``Algorithm.requires``).
 
 The user's module is a real file in a temporary directory, imported from there as fedray imports it
-(the current directory, or the subprocess's working directory for the CLI cases).
+(the current directory, or the command's working directory for the CLI cases).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from fedray.plugins import user_module_paths
 from fedray.runtime.experiment import prepare_data
 from fedray.tracking import read_metrics
 from test_alg_fedsc import context, initial_model, setup
-from test_bad_inputs import assert_rejected, create_files, run_fedray, tree
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected, create_files, tree
 from test_plugins import subprocess_env
 
 DIGITS = DatasetInfo("digits", 10, 1, 8, (0.5,), (0.25,), "none")
@@ -354,7 +355,7 @@ CLI_CASES = [
 def test_bad_model_inputs_exit_2_with_one_line_and_write_nothing(tmp_path, args, files, expected):
     create_files(tmp_path, files)
     before = tree(tmp_path)
-    result = run_fedray(args, tmp_path)
+    result = run_fedray_preloaded(args, tmp_path)
     assert_rejected(result, expected)
     assert tree(tmp_path) == before
 
