@@ -207,7 +207,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     check_requirements(algorithm, model)
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
     if config.privacy.enabled:
-        ServerUploadPath(config)  # a noise multiplier calibrated from privacy.target_epsilon that adaptive clipping cannot use
+        ServerUploadPath(config, algorithm)  # a noise multiplier calibrated from privacy.target_epsilon that adaptive clipping cannot use
     return data
 
 
