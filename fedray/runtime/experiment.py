@@ -137,8 +137,8 @@ def new_run_dir(config: RunConfig) -> Path:
             f"output.name, delete it, or continue it with `fedray run --resume {run_dir}`",
         )
     suffix = 1
-    while run_dir.exists():
-        run_dir = root / f"{name}-{suffix}"
+    while config.output.name is None and run_dir.exists():  # a named run never takes a suffix, even if
+        run_dir = root / f"{name}-{suffix}"  # another run created its directory since the check above
         suffix += 1
     return run_dir
 
