@@ -43,7 +43,7 @@ BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from gpu_check import w3  # noqa: E402
 from parallel_efficiency import breakdown  # noqa: E402
-from w1_overhead import run_fedray, run_plain  # noqa: E402
+from w1_overhead import run_fedray, run_plain, steady  # noqa: E402
 
 
 def process_facts() -> dict[str, Any]:
@@ -75,10 +75,6 @@ def plain_in_ray(overrides: list[str], device: str, benchmarks: str, niceness: i
     return {**plain(overrides, device), "process": process_facts()}
 
 
-def steady_s(result: dict[str, Any]) -> float:
-    return float(np.median(result["round_s"][2:-1]))
-
-
 def fedray_on_ray(overrides: list[str], scratch: str) -> dict[str, Any]:
     since = time.time() * 1e6
     result = run_fedray(overrides + ["resources.backend=ray"], scratch)
@@ -98,8 +94,11 @@ def plain_only(args: argparse.Namespace) -> int:
         for niceness in (None, 0):
             task = plain_in_ray.options(num_cpus=1, num_gpus=gpu).remote(overrides, args.device, str(BENCHMARKS), niceness)
             remote = ray.get(task)
-            print(f"repeat {repeat}: plain in a Ray task at nice {remote['process']['nice']}: {steady_s(remote):.3f} s/round", flush=True)
-        print(f"repeat {repeat}: plain in this process: {steady_s(run_plain(overrides, args.device)):.3f} s/round", flush=True)
+            print(
+                f"repeat {repeat}: plain in a Ray task at nice {remote['process']['nice']}: {steady(remote['round_s']):.3f} s/round",
+                flush=True,
+            )
+        print(f"repeat {repeat}: plain in this process: {steady(run_plain(overrides, args.device)['round_s']):.3f} s/round", flush=True)
     return 0
 
 
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             accuracies["fedray, Ray"] = result["final_accuracy"]
             remote = ray.get(plain_in_ray.options(num_cpus=1, num_gpus=gpu).remote(overrides, args.device, str(BENCHMARKS)))
             facts["ray task"] = remote.pop("process")
-            sides["plain, in a Ray task"].append(steady_s(remote))
+            sides["plain, in a Ray task"].append(steady(remote["round_s"]))
             ray.shutdown()
             os.environ["RAY_worker_niceness"] = "0"  # read by the Ray that the next run starts
             result = fedray_on_ray(fedray_overrides, scratch)
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             sides["fedray, local pool"].append(result["steady_round_s"])
             accuracies["fedray, local pool"] = result["final_accuracy"]
             plain = run_plain(overrides, args.device)
-            sides["plain, this process"].append(steady_s(plain))
+            sides["plain, this process"].append(steady(plain["round_s"]))
             accuracies["plain, this process"] = plain["final_accuracy"]
 
     plain_s = float(np.median(sides["plain, this process"]))
