@@ -122,6 +122,23 @@ class RoundResults:
     num_clients: int  # clients whose update was aggregated
     excluded_clients: list[int]  # clients whose update was not finite
 
+    @classmethod
+    def merged(cls, parts: list[Any], sums: dict[str, Tensor]) -> "RoundResults":
+        """``sums`` with the payloads, client metrics, client counts and excluded clients of ``parts``
+        (workers' partials or groups' results: anything with those four fields), ids in ascending order."""
+        payloads: dict[int, dict[str, Any]] = {}
+        client_metrics: dict[int, dict[str, float]] = {}
+        for part in parts:
+            payloads.update(part.payloads)
+            client_metrics.update(part.client_metrics)
+        return cls(
+            sums=sums,
+            payloads=dict(sorted(payloads.items())),
+            client_metrics=dict(sorted(client_metrics.items())),
+            num_clients=sum(part.num_clients for part in parts),
+            excluded_clients=sorted(client for part in parts for client in part.excluded_clients),
+        )
+
 
 class Algorithm:
     """Base class with FedAvg's behaviour for everything a subclass does not override."""

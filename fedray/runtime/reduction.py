@@ -66,21 +66,7 @@ def tensors_to(values: dict[str, Any], device: torch.device | str) -> dict[str, 
 def merge_partials(partials: list[PartialResult]) -> RoundResults:
     """Add the workers' partials in worker order (fixed by the schedule, so deterministic)."""
     sums: dict[str, torch.Tensor] = {}
-    payloads: dict[int, dict[str, Any]] = {}
-    client_metrics: dict[int, dict[str, float]] = {}
-    excluded: list[int] = []
-    num_clients = 0
     for partial in partials:
         for name, value in partial.sums.items():
             sums[name] = sums[name] + value if name in sums else value.clone()
-        payloads.update(partial.payloads)
-        client_metrics.update(partial.client_metrics)
-        excluded.extend(partial.excluded_clients)
-        num_clients += partial.num_clients
-    return RoundResults(
-        sums=sums,
-        payloads=dict(sorted(payloads.items())),
-        client_metrics=dict(sorted(client_metrics.items())),
-        num_clients=num_clients,
-        excluded_clients=sorted(excluded),
-    )
+    return RoundResults.merged(partials, sums)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -83,14 +83,7 @@ def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], cur
     weighted: torch.Tensor | None = None  # Σ_g s_g · Σ_{k in g} n_k w_k
     started_from: torch.Tensor | None = None  # Σ_g s_g · N_g · w_g
     num_samples = torch.zeros((), dtype=torch.float64)
-    payloads: dict[int, dict[str, Any]] = {}
-    client_metrics: dict[int, dict[str, float]] = {}
-    excluded: list[int] = []
-    num_clients = 0
     for results, weight, start in groups:
-        payloads.update(results.payloads)
-        client_metrics.update(results.client_metrics)
-        excluded.extend(results.excluded_clients)
         if results.num_clients == 0:
             continue
         if set(results.sums) != WEIGHTED_SUMS:
@@ -100,17 +93,10 @@ def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], cur
         weighted = term if weighted is None else weighted + term
         started_from = origin if started_from is None else started_from + origin
         num_samples = num_samples + results.sums["num_samples"]
-        num_clients += results.num_clients
     sums = {}
     if weighted is not None and started_from is not None:
         sums = {"weights": weighted + (num_samples * current.double() - started_from), "num_samples": num_samples}
-    return RoundResults(
-        sums=sums,
-        payloads=dict(sorted(payloads.items())),
-        client_metrics=dict(sorted(client_metrics.items())),
-        num_clients=num_clients,
-        excluded_clients=sorted(excluded),
-    )
+    return RoundResults.merged([results for results, _, _ in groups], sums)
 
 
 @dataclass(frozen=True)
