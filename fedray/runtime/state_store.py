@@ -45,6 +45,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
@@ -353,33 +354,45 @@ def _read_marker(location: str, name: str) -> bytes | None:
         return None
 
 
+def alive_ray_nodes() -> list[dict]:
+    """The cluster's nodes that Ray currently counts as alive (``ray.nodes()`` records)."""
+    import ray
+
+    return [node for node in ray.nodes() if node["Alive"]]
+
+
 def nodes_missing_location(location: str, timeout: float = 120) -> list[str]:
     """The alive Ray nodes that cannot read a file the caller writes at ``location`` (empty on a
     single-node cluster, where every path is shared). The test is real: a random marker is written
-    here, one zero-CPU task pinned to each node reads it back, and the marker is deleted."""
-    import secrets
-
+    here, one zero-CPU task pinned to each node reads it back, and the marker is deleted. A node that
+    dies during the test is left out: it runs no worker, and the pool places its share elsewhere."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = [node for node in ray.nodes() if node["Alive"]]
+    nodes = alive_ray_nodes()
     if len(nodes) <= 1:
         return []
     store = ClientStateStore(location)
     token = secrets.token_hex(16)
     name = f".fedray-reachable-{token}"
     store.write_atomic(f"{store.root}/{name}", token.encode())
+    deadline = time.monotonic() + timeout
+    missing = []
     try:
         read = ray.remote(_read_marker)
-        seen = ray.get(
-            [
-                read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
-                    location, name
-                )
-                for node in nodes
-            ],
-            timeout=timeout,
-        )
+        reads = [
+            read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(location, name)
+            for node in nodes
+        ]
+        for node, marker in zip(nodes, reads):
+            try:
+                data = ray.get(marker, timeout=max(deadline - time.monotonic(), 0))
+            except ray.exceptions.RayError:
+                if node["NodeID"] in {alive["NodeID"] for alive in alive_ray_nodes()}:
+                    raise
+                continue
+            if data != token.encode():
+                missing.append(f"{node['NodeManagerAddress']} (node {node['NodeID'][:12]})")
     finally:
         store.filesystem.delete_file(f"{store.root}/{name}")
-    return [f"{node['NodeManagerAddress']} (node {node['NodeID'][:12]})" for node, data in zip(nodes, seen) if data != token.encode()]
+    return missing

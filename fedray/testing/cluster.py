@@ -45,12 +45,14 @@ from fedray.runtime.processes import (
 )
 
 # Ray settings of every node. A killed node fails its health checks at once (connection refused) and
-# is declared dead after 5 checks 1 s apart (Ray's default period: 3 s); a live node on a busy machine
-# has 5 s to answer each check. A node may take 2 minutes to register on a busy machine.
+# is declared dead after 10 checks 1 s apart (Ray's default period: 3 s). A live node on a busy machine
+# has 10 s to answer each check, so only about 110 s without an answer declares it dead: with 5 s and
+# 5 checks, a busy 2-core CI machine lost a live second node mid-test (stop 49). A node may take 2
+# minutes to register on a busy machine.
 NODE_SETTINGS = {
     "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "5000",
-    "RAY_health_check_failure_threshold": "5",
+    "RAY_health_check_timeout_ms": "10000",
+    "RAY_health_check_failure_threshold": "10",
     "RAY_raylet_start_wait_time_s": "120",
 }
 MAX_TEMP_DIR_LENGTH = 43  # + "/session_2026-01-01_00-00-00_000000_<pid>/sockets/plasma_store" <= 107

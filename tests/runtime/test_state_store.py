@@ -1,7 +1,8 @@
 """The client state store on a local path and on a real S3 endpoint (moto's server on loopback):
 atomic writes, round versions, the versions of every kept checkpoint, checksums, the worker cache.
 And, end to end on the session's Ray: a stateful run resumes from an older checkpoint after the
-newest one is deleted, and a damaged client-state file stops the run naming client, round and file."""
+newest one is deleted, a damaged client-state file stops the run naming client, round and file, and
+the check that every node reads the state location survives a node that dies while it runs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fedray.runtime.state_store import (
     ClientStateStore,
     client_state_location,
     join_location,
+    nodes_missing_location,
     open_location,
 )
 from fedray.tracking import read_metrics
@@ -214,3 +216,28 @@ def test_a_stateful_run_with_an_unopenable_state_location_fails_before_writing_a
     with pytest.raises(ConfigError, match=r"output.client_state_dir: cannot open the client state location 'nosuch://bucket/state/"):
         run_experiment(config, progress=False)
     assert not any(tmp_path.iterdir())  # no run directory: it failed before Ray and before writing
+
+
+@pytest.mark.parametrize("dies", [True, False], ids=["node-dies", "node-stays"])
+def test_reachability_check_leaves_out_a_node_that_dies_during_it(ray_session, tmp_path, monkeypatch, dies):
+    """A node listed alive whose marker read is refused by Ray's scheduler (it is gone) is left out
+    of the check instead of failing the run, as on a busy cluster whose second node dies between the
+    listing and the read (CI, stop 49); a node still listed alive after such a refusal is an error.
+    The phantom node is an ID no node has: Ray itself refuses the pinned read."""
+    import ray
+
+    from fedray.runtime import state_store
+
+    real_alive_nodes = state_store.alive_ray_nodes
+    phantom = {"NodeID": "ab" * 28, "NodeManagerAddress": "192.0.2.99", "Alive": True}
+    listings = iter([[*real_alive_nodes(), phantom]])
+    monkeypatch.setattr(
+        state_store, "alive_ray_nodes", lambda: next(listings, None) or real_alive_nodes() + ([phantom] if not dies else [])
+    )
+    location = str(tmp_path / "state")
+    if dies:
+        assert nodes_missing_location(location, timeout=60) == []
+    else:
+        with pytest.raises(ray.exceptions.RayError):
+            nodes_missing_location(location, timeout=60)
+    assert list(Path(location).iterdir()) == []
