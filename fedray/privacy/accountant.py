@@ -101,19 +101,27 @@ class CentralAccountant:
 
     def noise_multiplier_for(self, target_epsilon: float, rounds: int) -> float:
         """The smallest z (to dp-accounting's tolerance) whose ``rounds`` rounds spend at most ``target_epsilon``."""
-        # dp-accounting's search starts at z = 0, where its sampling-without-replacement RDP divides by
-        # z²; below 0.01 no target ε of any use is met, so the search starts there for fixed_size
-        bracket = dp_accounting.LowerEndpointAndGuess(0.01, 1.0) if self.sampling == "fixed_size" else None
-        with _quiet_absl():
-            return float(
-                dp_accounting.calibrate_dp_mechanism(
-                    lambda: make_accountant(self.name, self.sampling),
-                    lambda z: dp_accounting.SelfComposedDpEvent(self.event(z), rounds),
-                    target_epsilon,
-                    self.delta,
-                    bracket_interval=bracket,
-                )
+        return calibrated_noise_multiplier(self.name, self.sampling, self.population, self.cohort, self.delta, target_epsilon, rounds)
+
+
+@cache  # a run calibrates before Ray starts (the config check) and again when its server starts: seconds each
+def calibrated_noise_multiplier(
+    name: AccountantName, sampling: Sampling, population: int, cohort: int, delta: float, target_epsilon: float, rounds: int
+) -> float:
+    """:meth:`CentralAccountant.noise_multiplier_for`, computed once per process for the same arguments."""
+    # dp-accounting's search starts at z = 0, where its sampling-without-replacement RDP divides by
+    # z²; below 0.01 no target ε of any use is met, so the search starts there for fixed_size
+    bracket = dp_accounting.LowerEndpointAndGuess(0.01, 1.0) if sampling == "fixed_size" else None
+    with _quiet_absl():
+        return float(
+            dp_accounting.calibrate_dp_mechanism(
+                lambda: make_accountant(name, sampling),
+                lambda z: dp_accounting.SelfComposedDpEvent(central_round_event(z, population, cohort, sampling), rounds),
+                target_epsilon,
+                delta,
+                bracket_interval=bracket,
             )
+        )
 
 
 @cache  # the same few (z, count) pairs recur every round

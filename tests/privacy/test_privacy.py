@@ -13,7 +13,7 @@ from dp_accounting import pld, rdp
 
 from fedray.algorithms import RoundResults
 from fedray.config import ConfigError
-from fedray.privacy.accountant import CentralAccountant, local_epsilon
+from fedray.privacy.accountant import CentralAccountant, calibrated_noise_multiplier, local_epsilon
 from fedray.privacy.clipping import clip_to_norm
 from fedray.runtime.upload_path import ClientUploadPath, PrivacyBudgetExhausted, ServerUploadPath
 from fedray.testing import Federation
@@ -43,6 +43,15 @@ def test_calibrated_noise_multiplier_reaches_the_target_epsilon():
     z = accountant.noise_multiplier_for(4.0, 20)
     assert accountant.epsilon(z, 20) == pytest.approx(4.0, rel=1e-3)
     assert accountant.epsilon(z * 1.05, 20) < 4.0 < accountant.epsilon(z * 0.95, 20)
+
+
+def test_a_run_calibrates_its_noise_once_per_process():
+    """The config check before Ray and the run's server both need z; the second reads the first's."""
+    config = load_config("examples/dp_fedavg_digits.yaml", ["privacy.target_epsilon=3.5"])
+    calibrated_noise_multiplier.cache_clear()
+    checked, served = ServerUploadPath(config), ServerUploadPath(config)
+    assert checked.noise_multiplier == served.noise_multiplier > 0
+    assert (calibrated_noise_multiplier.cache_info().misses, calibrated_noise_multiplier.cache_info().hits) == (1, 1)
 
 
 def test_local_epsilon_is_a_gaussian_mechanism_of_twice_the_clip_per_release():
