@@ -1392,11 +1392,18 @@ def clients_at_round(at_round: pd.DataFrame | None, rounds: list[int], chosen: i
 def downsampled_summary(metrics: RunMetrics, max_points: int) -> dict[str, Any]:
     """The per-round client summaries of :class:`~fedray.dashboard.run_metrics.RunMetrics` for the
     page: ``{metric: {"round": [...], "count": [...], "mean": [...], "min": [...], ...}}``, at most
-    ``max_points`` rounds (evenly spaced, the first and last kept)."""
+    ``max_points`` rounds (evenly spaced, the first and last kept), plus ``sim_time`` at those rounds
+    when the run's round rows carry the simulated clock for each of them (``systems.enabled``)."""
     rounds = np.asarray(metrics.client_rounds)
     keep = np.unique(np.linspace(0, len(rounds) - 1, min(len(rounds), max_points)).round().astype(int)) if len(rounds) else rounds
+    clock = {}
+    if SIM_TIME in metrics.rounds.columns and "round" in metrics.rounds.columns:
+        at_round = pd.to_numeric(metrics.rounds[SIM_TIME], errors="coerce").groupby(metrics.rounds["round"]).last()
+        times = at_round.reindex(rounds[keep]).to_numpy(dtype=np.float64, na_value=np.nan)
+        if np.isfinite(times).all():
+            clock[SIM_TIME] = times
     return {
-        name: {"round": rounds[keep], **{key: values[keep] for key, values in statistics.items()}}
+        name: {"round": rounds[keep], **clock, **{key: values[keep] for key, values in statistics.items()}}
         for name, statistics in metrics.client_summary.items()
     }
 

@@ -78,6 +78,9 @@ def test_run_view_sends_the_simulated_clock_and_participation(systems_run):
     view = DashboardData(systems_run).run_view("devices")
     rounds = metric_rows(systems_run, "round")
     assert [r["sim_time"] for r in rounds] == view["curves"]["test_accuracy"]["sim_time"] and rounds[-1]["sim_time"] > 0
+    clock = {r["round"]: r["sim_time"] for r in rounds}
+    summary = view["client_summary"]["train_loss"]
+    assert summary["sim_time"] == [clock[round] for round in summary["round"]]
     for name in SYSTEMS_COUNTS + ["bytes_up", "bytes_down"]:
         assert view["curves"][name]["value"] == [r[name] for r in rounds]
     histogram = expected_participation(metric_rows(systems_run, "client"))
@@ -134,6 +137,17 @@ def test_run_view_draws_the_client_summary_and_participation(page, systems_run):
         assert median["y"] == pytest.approx([float(np.median(by_round[r])) for r in sorted(by_round)])
         upper = [t for t in traces if t["name"] == "min–max"][0]
         assert upper["y"] == pytest.approx([max(by_round[r]) for r in sorted(by_round)])
+
+        # against the simulated clock: each client round at the clock its round row reports
+        clock = {r["round"]: r["sim_time"] for r in metric_rows(systems_run, "round")}
+        page.select_option("#run-x", "sim_time")
+        page.wait_for_function(
+            "(clock) => document.getElementById('run-summary-train_loss-plot').data.every((t) => JSON.stringify(t.x) === JSON.stringify(clock))",
+            arg=[clock[r] for r in sorted(by_round)],
+        )
+        summary_axis = page.evaluate("document.getElementById('run-summary-train_loss-plot').layout.xaxis.title.text")
+        assert summary_axis == "simulated time (s)"
+        page.select_option("#run-x", "round")
 
         bars = page.evaluate("document.getElementById('run-participation-plot').data[0]")
         assert dict(zip(bars["x"], bars["y"])) == expected_participation(clients)

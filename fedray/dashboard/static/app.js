@@ -1090,8 +1090,10 @@ function renderSystems(curves) {
 }
 
 function summaryPlot(div, name, summary) {
-  // one client metric across the clients of each round: its median, the interquartile range and the range
-  const x = summary.round;
+  // one client metric across the clients of each round: its median, the interquartile range and the range,
+  // against the round or (state.xAxis) the simulated clock
+  const simTime = useSimTime([summary]);
+  const x = simTime ? summary.sim_time : summary.round;
   const band = (low, high, color, label) => [
     { type: "scatter", mode: "lines", x, y: low, line: { width: 0, color }, hoverinfo: "skip", showlegend: false, legendgroup: label },
     { type: "scatter", mode: "lines", x, y: high, line: { width: 0, color }, fill: "tonexty", fillcolor: color, name: label, legendgroup: label, hoverinfo: "skip" },
@@ -1100,13 +1102,14 @@ function summaryPlot(div, name, summary) {
     ...band(summary.min, summary.max, "rgba(47,111,219,0.12)", "min–max"),
     ...band(summary.q25, summary.q75, "rgba(47,111,219,0.3)", "quartiles"),
     { type: "scatter", mode: x.length <= 60 ? "lines+markers" : "lines", x, y: summary.median, name: "median", line: { color: "#2f6fdb", width: 2 },
-      marker: { size: 4 }, customdata: summary.count, hovertemplate: `round %{x}: median ${name} %{y:.4g} over %{customdata} clients<extra></extra>` },
+      marker: { size: 4 }, customdata: summary.round.map((round, i) => [round, summary.count[i]]),
+      hovertemplate: `round %{customdata[0]}${simTime ? " · sim_time %{x:.4g} s" : ""}: median ${name} %{y:.4g} over %{customdata[1]} clients<extra></extra>` },
   ];
   Plotly.react(div, traces, {
     margin: { l: 55, r: 10, t: MODEBAR_ROOM, b: 80 },
     title: { text: `${name} across clients`, font: { size: 13 }, x: 0.01, xanchor: "left", y: 1, yanchor: "top", pad: { t: 8 } },
-    xaxis: roundAxis([{ x }]), yaxis: { tickformat: ".3~g" }, showlegend: true,
-    legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" }, uirevision: name,
+    xaxis: xAxisOf([{ x }], simTime), yaxis: { tickformat: ".3~g" }, showlegend: true,
+    legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" }, uirevision: `${name}/${simTime}`,
   }, SMALL_PLOT_CONFIG);
 }
 
