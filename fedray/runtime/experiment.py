@@ -541,7 +541,8 @@ def _release(server: Any, workers: list[Any], group: PlacementGroup | None) -> N
     ends the actors an actor created when it dies)."""
     if server is not None:
         try:
-            workers = [*workers, *ray.get(server.worker_handles.remote(), timeout=60)]
+            replacements, _ = ray.get(server.worker_handles.remote(), timeout=60)  # the run's warnings are relayed already
+            workers = [*workers, *replacements]
         except (RayActorError, ray.exceptions.GetTimeoutError):
             pass
     for worker in dict.fromkeys(workers):

@@ -7,15 +7,21 @@ The server actor is a thin shell: the round logic is the engine's, the same as w
 GPUs, docs/architecture.md principle 8), the broadcast put in the object store once a round
 (principle 2), and the replacement of a worker that dies, whose clients are re-run and give the same
 partial because everything is seeded per client (principle 7).
+
+The warnings of fedray's loggers in the server actor (a worker replaced, a round that aggregated
+nobody, excluded updates, ...) travel back with each call's result and are logged again in the
+driver (:class:`RelayedWarnings`): there they reach what the driver's ``fedray`` logger reaches, a
+sweep trial's ``log.txt`` included, instead of the actor's stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayActorError
+from ray.exceptions import ObjectLostError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -124,6 +130,34 @@ class RayPool:
         return list(self.workers)
 
 
+#: A warning as it crosses from the server actor to the driver: (logger name, level, message).
+WarningLine = tuple[str, int, str]
+
+
+class RelayedWarnings(logging.Handler):
+    """In the server actor: holds the warnings of the ``fedray`` loggers until the next call returns
+    them (:meth:`drain`); the actor prints none itself. In the driver, :func:`relay` logs them again."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[WarningLine] = []
+        logging.getLogger("fedray").addHandler(self)
+        logging.getLogger("fedray").propagate = False  # the driver shows them, once
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.name, record.levelno, record.getMessage()))
+
+    def drain(self) -> list[WarningLine]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
+def relay(lines: list[WarningLine]) -> None:
+    """Log the server actor's warnings in this process, each on the logger that wrote it."""
+    for name, level, message in lines:
+        logging.getLogger(name).log(level, "%s", message)
+
+
 class Server:
     """The server actor: a :class:`RoundEngine` on a :class:`RayPool`. ``workers``: the pool's actors,
     one per worker bundle, started by the driver (with :func:`start_worker`) so that they boot while
@@ -139,6 +173,7 @@ class Server:
         workers: list[Any],
     ) -> None:
         # data_ref is a list, so that Ray passes the reference on instead of the data
+        self.warnings = RelayedWarnings()  # first: the engine's own start may warn
         run_config = RunConfig.model_validate(config)
         self.pool = RayPool(run_config, data_ref[0], run_dir, placement_group, first_worker_bundle, workers)
         self.engine = RoundEngine(run_config, ray.get(data_ref[0]), run_dir, self.pool)
@@ -151,20 +186,26 @@ class Server:
         self.pool.reset(run_config, data_ref[0], run_dir)
         self.engine = RoundEngine(run_config, ray.get(data_ref[0]), run_dir, self.pool)
 
-    def run_round(self, round: int) -> dict[str, Any]:
-        return self.engine.run_round(round)
+    # Each call returns its value and the warnings held since the previous call (those of __init__
+    # and reset travel with the run's first call).
+    def run_round(self, round: int) -> tuple[dict[str, Any], list[WarningLine]]:
+        return self.engine.run_round(round), self.warnings.drain()
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        return self.engine.checkpoint_state()
+    def checkpoint_state(self) -> tuple[dict[str, Any], list[WarningLine]]:
+        return self.engine.checkpoint_state(), self.warnings.drain()
 
-    def checkpoint_written(self) -> None:
-        self.engine.checkpoint_written()
+    def checkpoint_written(self) -> tuple[None, list[WarningLine]]:
+        return self.engine.checkpoint_written(), self.warnings.drain()
 
-    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        self.engine.load_checkpoint_state(state)
+    def load_checkpoint_state(self, state: dict[str, Any]) -> tuple[None, list[WarningLine]]:
+        return self.engine.load_checkpoint_state(state), self.warnings.drain()
 
-    def worker_handles(self) -> list[Any]:
-        return self.engine.worker_handles()
+    def worker_handles(self) -> tuple[list[Any], list[WarningLine]]:
+        return self.engine.worker_handles(), self.warnings.drain()
+
+    def held_warnings(self) -> list[WarningLine]:
+        """The warnings of a call that raised instead of returning them."""
+        return self.warnings.drain()
 
 
 class RemoteServer:
@@ -174,17 +215,29 @@ class RemoteServer:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            value, warnings = ray.get(getattr(self.actor, method).remote(*args))
+        except RayActorError:  # the actor is gone, and its warnings with it
+            raise
+        except Exception:  # the call raised: its warnings (a worker replaced, ...) come before the error
+            with contextlib.suppress(RayError):  # never in place of the error itself
+                relay(ray.get(self.actor.held_warnings.remote(), timeout=60))
+            raise
+        relay(warnings)
+        return value
+
     def run_round(self, round: int) -> dict[str, Any]:
-        return ray.get(self.actor.run_round.remote(round))
+        return self._call("run_round", round)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return ray.get(self.actor.checkpoint_state.remote())
+        return self._call("checkpoint_state")
 
     def checkpoint_written(self) -> None:
-        ray.get(self.actor.checkpoint_written.remote())
+        self._call("checkpoint_written")
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        ray.get(self.actor.load_checkpoint_state.remote(state))
+        self._call("load_checkpoint_state", state)
 
     def worker_handles(self) -> list[Any]:
-        return ray.get(self.actor.worker_handles.remote())
+        return self._call("worker_handles")

@@ -4,7 +4,8 @@ because a trial runs in a Ray actor whose output the user never sees whole.
 One line per event, each with its time: the trial's start (or its restart from a checkpoint), one line per
 round with what the progress bar shows (:func:`fedray.tracking.progress.round_postfix`), the run's health
 warnings (the ``fedray.health`` logger), the warnings of fedray's other loggers in the trial's process (the
-``fedray`` logger: a round nobody could join, ...) and Python warnings, the end of the simulation, and, when
+``fedray`` logger: a round nobody could join, ..., the server actor's relayed to it by
+:class:`~fedray.runtime.server.RemoteServer`) and Python warnings, the end of the simulation, and, when
 the trial fails, the whole traceback. Warnings still reach stderr as before. The file is appended to, so a retried or resumed trial keeps its earlier lines,
 and every line is flushed when written, so ``fedray dashboard`` shows it while the trial runs.
 """

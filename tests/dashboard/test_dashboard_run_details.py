@@ -11,6 +11,7 @@ are written in the sweep directory contract (``write_comparison_sweep``). Screen
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -246,7 +247,9 @@ def test_a_failed_trial_logs_its_traceback(diverging_sweep):
     assert diverged["status"] == "ERROR"
     log = (diverging_sweep / diverged["run_dir"] / "log.txt").read_text()
     assert f"trial {diverged['trial_id']} started from round 1 of 2" in log
-    assert "the trial failed:\nTraceback (most recent call last):" in log
+    # the server actor's warning of the round that fails, relayed to the trial before its error
+    assert re.search(r"round 1: \d+ non-finite client update\(s\) excluded: \[", log)
+    assert log.index("excluded") < log.index("the trial failed:\nTraceback (most recent call last):")
     assert "fedray.runtime.errors.TrainingDiverged" in log and "training diverged" in log
 
 

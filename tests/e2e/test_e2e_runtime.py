@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -116,11 +117,15 @@ def test_resume_after_a_crash_gives_the_same_final_model(baseline, tmp_path):
     assert comparable_rows(rows) == comparable_rows(round_rows(f"{config.output.dir}/run"))
 
 
-def test_non_finite_updates_are_excluded_and_counted(ray_session, tmp_path, tiny_overrides):
+def test_non_finite_updates_are_excluded_and_counted(ray_session, tmp_path, tiny_overrides, caplog):
+    """...and the server actor's warning of it is logged in the driver (where a trial's log.txt gets it)."""
     # lr=2 makes some clients of round 1 diverge, not all (all diverging fails the run: test_e2e_faults.py)
-    config = load_config(None, tiny_overrides + ["train.lr=2", "train.rounds=2", "train.local_epochs=3"])
-    summary = run_experiment(config, progress=False)
+    config = load_config(None, tiny_overrides + ["train.lr=2", "train.rounds=2", "train.local_epochs=3", "resources.backend=ray"])
+    with caplog.at_level(logging.WARNING, logger="fedray"):
+        summary = run_experiment(config, progress=False)
     rows = round_rows(tmp_path / "run")
     assert 0 < rows[0]["excluded_updates"] < rows[0]["clients"]
+    relayed = [r.getMessage() for r in caplog.records if r.name == "fedray.runtime.engine"]
+    assert relayed[0].startswith(f"round 1: {rows[0]['excluded_updates']} non-finite client update(s) excluded: [")
     assert torch.isfinite(final_weights(tmp_path / "run")).all()
     assert summary.final_test_accuracy is not None and np.isfinite(summary.final_metrics["test_loss"])
