@@ -541,8 +541,7 @@ def _release(server: Any, workers: list[Any], group: PlacementGroup | None) -> N
     ends the actors an actor created when it dies)."""
     if server is not None:
         try:
-            replacements, _ = ray.get(server.worker_handles.remote(), timeout=60)  # the run's warnings are relayed already
-            workers = [*workers, *replacements]
+            workers = [*workers, *RemoteServer(server).worker_handles(timeout=60)]
         except (RayActorError, ray.exceptions.GetTimeoutError):
             pass
     for worker in dict.fromkeys(workers):

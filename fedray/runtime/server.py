@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -215,10 +215,10 @@ class RemoteServer:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         try:
-            value, warnings = ray.get(getattr(self.actor, method).remote(*args))
-        except RayActorError:  # the actor is gone, and its warnings with it
+            value, warnings = ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+        except (RayActorError, GetTimeoutError):  # the actor is gone (its warnings with it), or does not answer
             raise
         except Exception:  # the call raised: its warnings (a worker replaced, ...) come before the error
             with contextlib.suppress(RayError):  # never in place of the error itself
@@ -239,5 +239,5 @@ class RemoteServer:
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self._call("load_checkpoint_state", state)
 
-    def worker_handles(self) -> list[Any]:
-        return self._call("worker_handles")
+    def worker_handles(self, timeout: float | None = None) -> list[Any]:
+        return self._call("worker_handles", timeout=timeout)
