@@ -36,6 +36,8 @@ DATASETS = (
     "wine",
 )
 PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity", "natural")
+#: The built-in values of ``data.task`` (:mod:`fedray.tasks` implements them).
+TASKS = ("classification", "regression", "multilabel", "language_modeling")
 MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18", "mlp", "char_lstm")
 
 
@@ -64,6 +66,12 @@ class DataConfig(Section):
     (docs/guide/your_data.md)."""
 
     name: str = Field("digits", max_length=1000)
+    task: str = Field(
+        "classification",
+        max_length=1000,
+        description="what the run learns (fedray.tasks): classification, regression, multilabel, language_modeling "
+        "or package.module:Name (a fedray.Task subclass); it sets the loss, the metrics and the headline metric",
+    )
     root: str = Field("data", max_length=4096)
     path: str | None = Field(
         None,
@@ -80,6 +88,30 @@ class DataConfig(Section):
         None, gt=0, le=1024, description="imagefolder/table images: resized to this square size (None: the first image's)"
     )
     label_column: str = Field("label", min_length=1, description="table: the integer label column")
+    target_columns: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="table: the target columns of a regression (float, one output each) or of a multilabel task "
+        "(0/1, one label each), instead of data.label_column; a single list-valued column holds a vector per row",
+    )
+    stride: int | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="language_modeling: tokens between the starts of two windows of a client's token stream "
+        "(None: data.seq_len, windows that do not overlap)",
+    )
+    tokenizer: str | None = Field(
+        None,
+        max_length=4096,
+        description="a Hugging Face tokenizer directory (save_pretrained) that turns a text column into tokens "
+        "(None: characters, or the tokenizer saved with an hf: model)",
+    )
+    missing: Literal["error", "drop"] = Field(
+        "error",
+        description="table: a row with a missing value (null or NaN) in a column the run uses is an error naming "
+        "the column (error), or is dropped and the drops counted in the log (drop)",
+    )
     feature_columns: list[str] | None = Field(None, description="table: the feature columns (None: every other numeric column)")
     image_column: str | None = Field(None, description="table: a column of encoded PNG/JPEG images")
     sequence_column: str | None = Field(None, description="table: a column of token sequences (lists of ints) or of text (characters)")
@@ -122,6 +154,15 @@ class DataConfig(Section):
     augmentation: Literal["auto", "none", "crop_flip"] = "auto"
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from fedray.config.references import is_reference  # the references module imports this one
+
+        if task not in TASKS and not is_reference(task):
+            raise ValueError(f"Input should be {', '.join(repr(known) for known in TASKS)} or package.module:Name (your own task)")
+        return task
+
     @field_validator("name")
     @classmethod
     def _built_in_or_reference(cls, name: str) -> str:
@@ -134,6 +175,20 @@ class DataConfig(Section):
 
 
 TORCHVISION_PREFIX = "torchvision:"
+HF_PREFIX = "hf:"
+
+
+class AdaptersConfig(Section):
+    """``model.adapters``: parameter-efficient fine-tuning of an ``hf:`` model with Hugging Face ``peft``.
+    Only the adapters are trained, broadcast and uploaded (docs/guide/your_model.md)."""
+
+    method: Literal["none", "lora"] = Field("none", description="lora: low-rank adapters (Hu et al., ICLR 2022)")
+    rank: int = Field(8, gt=0, le=4096, description="lora: the rank r of each adapter")
+    alpha: float = Field(16.0, gt=0, description="lora: the scaling numerator (updates are scaled by alpha / rank)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora: dropout on the adapters' input")
+    target_modules: list[str] | None = Field(
+        None, description="lora: names (or name suffixes) of the modules that get adapters (None: peft's default for the architecture)"
+    )
 
 
 class ModelConfig(Section):
@@ -160,6 +215,16 @@ class ModelConfig(Section):
         description="a state_dict file (torch.save) the model starts from, made absolute against the "
         "current directory (None: random initialisation)",
     )
+    init_strict: bool = Field(
+        True,
+        description="model.init: every key of the model and of the file must match (true), or the keys whose names "
+        "and shapes match are loaded and every other one is listed once (false: a pretrained backbone with a new head)",
+    )
+    freeze: list[str] = Field(
+        default_factory=list,
+        description="parameter name prefixes kept at their initial (model.init) values: not trained, not broadcast, not uploaded",
+    )
+    adapters: AdaptersConfig = Field(default_factory=lambda: AdaptersConfig())
 
     @field_validator("name")
     @classmethod
@@ -211,6 +276,10 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="learning rate × lr_decay^(round-1)")
     grad_clip: float | None = Field(None, gt=0, description="max gradient norm (None: no clip)")
+    loss: Literal["auto", "mse", "mae", "huber"] = Field(
+        "auto", description="the task's base loss: auto (the task's own), or for data.task=regression mse, mae or huber"
+    )
+    huber_delta: float = Field(1.0, gt=0, description="train.loss=huber: where the loss turns from quadratic to linear (standardised units)")
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="sync: rounds of train.clients_per_round clients; async: buffered asynchronous aggregation (FedBuff) "
@@ -466,6 +535,10 @@ class RunConfig(Section):
             raise ValueError(
                 f"train.clients_per_round ({self.train.clients_per_round}) must be <= data.num_clients ({self.data.num_clients})"
             )
+        if self.train.loss != "auto" and self.data.task != "regression":
+            raise ValueError(f"train.loss={self.train.loss} applies to data.task=regression; data.task={self.data.task} has its own loss")
+        if self.model.adapters.method != "none" and not self.model.name.startswith(HF_PREFIX):
+            raise ValueError(f"model.adapters applies to Hugging Face models (model.name: {HF_PREFIX}<path>), not {self.model.name!r}")
         if self.eval.personalized and self.data.client_test_fraction == 0:
             raise ValueError("eval.personalized needs data.client_test_fraction > 0 (each client's held-out split)")
         return self
@@ -488,7 +561,21 @@ class RunConfig(Section):
         if self.train.mode == "sync":  # nor train.mode and systems.fedbuff, whose keys are then at their defaults
             off["train"] = {"mode"}
             off.setdefault("systems", {"fedbuff"})
+        for section, keys in _KEYS_SAVED_WHEN_SET.items():  # left out at their defaults, as the sections above
+            default = type(getattr(self, section))()
+            unset = {key for key in keys if getattr(getattr(self, section), key) == getattr(default, key)}
+            if unset and off.get(section) is not True:
+                off[section] = set(off.get(section, set())) | unset
         return self.model_dump(mode="json", exclude=off)
+
+
+#: Keys added with tasks and pretrained models: left out of a saved config while at their defaults, so
+#: that a classification run saves and checkpoints exactly the config it did before they existed.
+_KEYS_SAVED_WHEN_SET = {
+    "data": ("task", "target_columns", "stride", "tokenizer", "missing"),
+    "train": ("loss", "huber_delta"),
+    "model": ("init_strict", "freeze", "adapters"),
+}
 
 
 def check_async_mode(config: RunConfig) -> None:

@@ -35,8 +35,9 @@ def modality_of(x: np.ndarray) -> str:
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """Inputs ``x`` of one modality (:func:`modality_of`), labels ``y`` (int64, ``[N]``) and, for data
-    with a natural partition, each sample's client id ``client_ids`` (``[N]``, ints or strings)."""
+    """Inputs ``x`` of one modality (:func:`modality_of`), targets ``y`` (``[N, ...]`` in the task's
+    stored form, :mod:`fedray.tasks`: int64 labels ``[N]`` for classification) and, for data with a
+    natural partition, each sample's client id ``client_ids`` (``[N]``, ints or strings)."""
 
     x: np.ndarray
     y: np.ndarray
@@ -49,10 +50,10 @@ class ArrayDataset:
             # object store's copy), and torch picks conv kernels by strides, so an in-process worker
             # must see the same layout to give bit-identical results.
             object.__setattr__(self, "x", self.x.copy(order="C"))
-        if self.y.shape != (self.x.shape[0],):
-            raise ValueError(f"y must have shape ({self.x.shape[0]},), got {self.y.shape}")
-        if self.client_ids is not None and self.client_ids.shape != self.y.shape:
-            raise ValueError(f"client_ids must have shape {self.y.shape}, got {self.client_ids.shape}")
+        if self.y.ndim == 0 or self.y.shape[0] != self.x.shape[0]:
+            raise ValueError(f"y must have {self.x.shape[0]} rows (one target per sample), got shape {self.y.shape}")
+        if self.client_ids is not None and self.client_ids.shape != self.y.shape[:1]:
+            raise ValueError(f"client_ids must have shape {self.y.shape[:1]}, got {self.client_ids.shape}")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -76,6 +77,11 @@ class DatasetInfo:
     from ``channels`` and ``image_size`` for images). ``mean``/``std`` are per channel on the 0..1
     scale for images, per feature (of the training set) for features, and empty for tokens.
     ``vocab_size`` is the number of token ids (tokens only).
+
+    ``num_classes`` is the size of the model's output (per sample, or per position for language
+    modelling): the classes of a classification, the outputs of a regression, the labels of a
+    multilabel task, the vocabulary of a language model. ``target_mean``/``target_std`` are a
+    regression's per-output training-set statistics (:class:`fedray.tasks.Regression`), else empty.
     """
 
     name: str
@@ -88,6 +94,8 @@ class DatasetInfo:
     modality: str = "image"
     input_shape: tuple[int, ...] = ()
     vocab_size: int | None = None
+    target_mean: tuple[float, ...] = ()
+    target_std: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
