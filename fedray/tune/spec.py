@@ -61,6 +61,16 @@ MAX_TRIALS = 10_000
 MAX_TRIAL_SHAPES = 1_000
 #: Keys PBT may change in the middle of a trial (the others define the data, model or run length).
 PBT_FIXED_KEYS = ("train.rounds", "algorithm.name", "algorithm.architectures", "algorithm.arch_assignment")
+#: Run-config keys naming a local file or directory a trial reads (a trial runs in another working directory).
+PATH_KEYS = (
+    "data.root",
+    "data.path",
+    "data.test_path",
+    "model.init",
+    "systems.devices.file",
+    "systems.availability.trace_file",
+    "output.client_state_dir",
+)
 
 
 class _Strict(BaseModel):
@@ -337,14 +347,48 @@ def shadowed_overrides(spec: SweepSpec, overrides: list[str]) -> list[str]:
 
 def _resolve_paths(spec: SweepSpec) -> None:
     """Trials run in Ray workers whose working directory is not the caller's: pin the relative paths
-    a trial reads (``data.root``, ``model.init``) and the sweep's output directory to the caller's directory."""
+    a trial reads (:data:`PATH_KEYS`, wherever the sweep sets them: the base, ``overrides``,
+    ``per_algorithm`` or the space) and the sweep's output directory to the caller's directory."""
     data = spec.base.setdefault("data", {})
-    if isinstance(data, dict) and not Path(str(data.get("root", "data"))).is_absolute():
-        data["root"] = str(Path(str(data.get("root", "data"))).resolve())
-    model = spec.base.get("model")
-    if isinstance(model, dict) and isinstance(model.get("init"), str):
-        model["init"] = str(Path(model["init"]).expanduser().resolve())
+    if isinstance(data, dict):
+        data.setdefault("root", "data")  # the default root is relative too
+    for key in PATH_KEYS:
+        section, _, name = key.rpartition(".")
+        node: Any = spec.base
+        for part in section.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name in node:
+            node[name] = _absolute(node[name])
+    spec.overrides = [_absolute_override(override) for override in spec.overrides]
+    spec.per_algorithm = {algorithm: [_absolute_override(o) for o in overrides] for algorithm, overrides in spec.per_algorithm.items()}
+    for key, domain in spec.space.items():
+        if key in PATH_KEYS and domain.kind in ("grid", "choice"):
+            domain.values = [_absolute(value) for value in domain.values]
     spec.output.dir = str(Path(spec.output.dir).resolve())
+
+
+def _absolute(value: Any) -> Any:
+    """A relative local path made absolute against the current directory; a URI, or a value that is
+    not a string (the run config's validation refuses it with its own message), as it is."""
+    from fedray.tracking.sync import is_uri  # pyarrow: only when a sweep is loaded
+
+    if not isinstance(value, str) or is_uri(value):
+        return value
+    return str(Path(value).expanduser().absolute())
+
+
+def _absolute_override(override: str) -> str:
+    """A ``KEY=VALUE`` override of a :data:`PATH_KEYS` key with its path made absolute (JSON-quoted,
+    which YAML reads back as the same string); any other override as it is."""
+    key, sep, text = override.partition("=")
+    if not sep or key.strip() not in PATH_KEYS:
+        return override
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    pinned = _absolute(value)
+    return override if pinned == value else f"{key.strip()}={json.dumps(pinned)}"
 
 
 def _check_trials(spec: SweepSpec, source: str | Path) -> None:

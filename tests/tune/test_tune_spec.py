@@ -91,6 +91,40 @@ def test_relative_paths_are_pinned_to_the_working_directory(tmp_path, monkeypatc
     assert spec.output.dir == str(tmp_path / "out")
 
 
+def test_relative_data_files_in_base_overrides_and_space_are_pinned_for_trials_run_elsewhere(tmp_path, monkeypatch):
+    """A trial builds its run config in a Ray worker with another working directory: a relative
+    data.path / data.test_path, set anywhere in the sweep, must still name the caller's files."""
+    from fedray.runtime.experiment import prepare_data
+
+    caller, elsewhere = tmp_path / "caller", tmp_path / "elsewhere"
+    caller.mkdir(), elsewhere.mkdir()
+    rows = "".join(f"{i % 3},{i % 5},{i % 2}\n" for i in range(24))
+    for name in ("train.csv", "other.csv", "test.csv"):
+        (caller / name).write_text("a,b,label\n" + rows)
+    monkeypatch.chdir(caller)
+    table = {"name": "table", "path": "train.csv", "num_clients": 2, "partition": "iid"}
+    spec = parse_sweep(
+        {
+            "base": {"data": table, "train": {"rounds": 1, "clients_per_round": 2}, "model": {"name": "mlp"}},
+            "overrides": ["data.test_path=test.csv"],
+            "per_algorithm": {"fedprox": ["data.test_path=test.csv"]},
+            "space": {"data.path": {"grid": ["train.csv", "other.csv"]}, "algorithm.name": {"grid": ["fedavg", "fedprox"]}},
+            "output": {"dir": "out"},
+        },
+        "x.yaml",
+        caller,
+    )
+    again = parse_sweep(yaml.safe_load(spec.to_yaml()), "sweep.yaml", tmp_path)  # what a resumed sweep reads
+    monkeypatch.chdir(elsewhere)
+    for sweep in (spec, again):
+        for values in sweep.trial_shapes():
+            config = sweep.trial_config(values)
+            assert config.data.path == str(caller / Path(values["data.path"]).name)
+            assert config.data.test_path == str(caller / "test.csv")
+            assert config.data.root == str(caller / "data")
+            prepare_data(config)  # reads the files: no "data.path: ... does not exist"
+
+
 def test_resolved_sweep_yaml_reloads_to_the_same_spec(tmp_path):
     spec = spec_from(tmp_path, scheduler={"type": "asha", "grace_period": 1}, space={"train.lr": {"loguniform": [0.01, 0.1]}})
     again = parse_sweep(yaml.safe_load(spec.to_yaml()), "sweep.yaml", tmp_path)
