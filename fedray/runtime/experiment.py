@@ -439,11 +439,14 @@ def run_experiment(
         if on_ray and warm is None:
             _release(actor, workers, group if placement is None else None)
         # else the warm pool's server and workers outlive the run (fedray.tune.pool releases them)
-        if created and not run.history and not list_checkpoints(run_dir):
+        removed = created and not run.history and not list_checkpoints(run_dir)
+        if removed:
             if state_claim is not None:
                 state_claim.release()
             _remove_created(created_dirs)  # failed before its first round: nothing to keep
 
+    if removed:  # only a privacy budget that round 1 would already pass ends a new run here with no round
+        raise PrivacyBudgetExhausted(f"{budget_spent}; it stopped before its first round, so nothing was kept")
     summary = summarize(run, time.perf_counter() - started, ray_startup_seconds, first_round_seconds, "ray" if on_ray else "local")
     (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
     if storage_sync is not None:

@@ -91,3 +91,21 @@ def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(tmp_pat
     # ended as a finished run of 2 rounds: metrics compacted, the summary written
     assert (run_dir / "metrics.parquet").is_file() and not (run_dir / "metrics_parts").exists()
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+
+def test_a_budget_that_round_1_would_pass_stops_the_run_with_the_budget_line_and_exit_3(tmp_path):
+    """A new run whose first round would already pass the target: the budget stop (exit 3, one line),
+    not a FileNotFoundError of summary.json written into the run directory removed as empty."""
+    first = expected_epsilons(1)[0]
+    args = ["run"]
+    for override in [*PRIVATE_RUN, f"output.dir={tmp_path / 'runs'}", "train.rounds=3", f"privacy.target_epsilon={first / 2}"]:
+        args += ["--set", override]
+    result = run_fedray(args, tmp_path)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert re.findall(r"fedray: [^\r\n]*", result.stderr) == [
+        f"fedray: round 1 would spend ε = {first:.4g} > privacy.target_epsilon = {first / 2:g} "
+        f"(δ = {default_delta(POPULATION):g}); the run stops after round 0; raise the target, the noise multiplier or lower train.rounds; "
+        "it stopped before its first round, so nothing was kept"
+    ]
+    assert not (tmp_path / "runs").exists()
