@@ -57,6 +57,11 @@ class Task:
     headline: ClassVar[str] = "accuracy"  # the metric runs are ranked by; reported as test_<headline>
     mode: ClassVar[Literal["max", "min"]] = "max"  # whether a larger headline is better
     metric_names: ClassVar[tuple[str, ...]] = ("accuracy", "loss")  # what metrics() returns
+    loss_term: str = "ce"  # the base loss's name among a client's metrics (beside an algorithm's own terms)
+    # The keys evaluation_sums returns, which a user algorithm's evaluate_global must return too, and
+    # those an evaluate_client must return (what headline_of reads).
+    sum_keys: ClassVar[tuple[str, ...]] = ("correct", "loss_sum", "count")
+    client_sum_keys: ClassVar[tuple[str, ...]] = ("correct", "count")
     # Whether each sample has one class label in 0..num_classes-1: what class-conditional algorithms
     # (prototypes, logit calibration, class-balanced losses) and label-skew partitions need.
     class_labels: ClassVar[bool] = True
@@ -79,6 +84,11 @@ class Task:
     def metrics(self, sums: Sums) -> dict[str, float]:
         """``metric_names`` from sums added over a whole split (without the ``test_`` prefix)."""
         raise NotImplementedError
+
+    @classmethod
+    def headline_of(self, sums: Sums) -> float:
+        """The headline metric from ``sums`` (one client's, or several clients' added)."""
+        return self.metrics(sums)[self.headline]
 
     @classmethod
     def check_targets(cls, y: np.ndarray, where: str) -> np.ndarray:
@@ -120,6 +130,9 @@ class Classification(Task):
     def metrics(self, sums: Sums) -> dict[str, float]:
         return {"accuracy": sums["correct"] / sums["count"], "loss": sums["loss_sum"] / sums["count"]}
 
+    def headline_of(self, sums: Sums) -> float:
+        return sums["correct"] / sums["count"]  # needs no loss_sum: an evaluate_client may return correct and count only
+
     @classmethod
     def check_targets(cls, y: np.ndarray, where: str) -> np.ndarray:
         if y.ndim != 1:
@@ -150,13 +163,13 @@ class Regression(Task):
     metric_names = ("rmse", "mae", "r2", "loss")
     class_labels = False
 
-    LOSSES = ("mse", "mae", "huber")
+    sum_keys = client_sum_keys = ("squared_error", "absolute_error", "target_sum", "target_square_sum", "loss_sum", "count")
     #: Equal-count bins of the first target that the label-skew partitions skew over.
     PARTITION_BINS = 10
 
     def __init__(self, config: RunConfig, info: Any) -> None:
         super().__init__(config, info)
-        self.loss_name = "mse" if config.train.loss == "auto" else config.train.loss
+        self.loss_term = "mse" if config.train.loss == "auto" else config.train.loss
         self.delta = config.train.huber_delta
         self.mean = torch.tensor(info.target_mean or (0.0,) * info.num_classes, dtype=torch.float32)
         self.std = torch.tensor(info.target_std or (1.0,) * info.num_classes, dtype=torch.float32)
@@ -165,9 +178,9 @@ class Regression(Task):
         return (y - self.mean.to(y.device)) / self.std.to(y.device)
 
     def _elementwise(self, output: Tensor, target: Tensor) -> Tensor:
-        if self.loss_name == "mae":
+        if self.loss_term == "mae":
             return (output - target).abs()
-        if self.loss_name == "huber":
+        if self.loss_term == "huber":
             return F.huber_loss(output, target, reduction="none", delta=self.delta)
         return (output - target) ** 2
 
@@ -235,6 +248,16 @@ class Multilabel(Task):
     class_labels = False
 
     SCORE_BINS = 1000
+    loss_term = "bce"
+    sum_keys = client_sum_keys = (
+        "true_positives",
+        "false_positives",
+        "false_negatives",
+        "positive_scores",
+        "negative_scores",
+        "loss_sum",
+        "count",
+    )
 
     def loss(self, output: Tensor, y: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(output, y)
@@ -310,6 +333,7 @@ class LanguageModeling(Task):
     metric_names = ("perplexity", "accuracy", "loss")
     class_labels = False
     per_sample_outputs = False
+    sum_keys = client_sum_keys = ("loss_sum", "correct", "tokens", "count")
 
     def loss(self, output: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(output.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)

@@ -20,10 +20,17 @@ module (docs/writing_an_algorithm.md); the runtime finds it by ``algorithm.name`
    :class:`RoundResults` (the float64 sums over the round's finite updates, payloads by client id)
    and returns the new server state plus scalar diagnostics.
 4. **How is it evaluated?** :meth:`Algorithm.evaluate_global` (the global model on a shard of the test
-   set) and :meth:`Algorithm.evaluate_client` (a client's personalised model on its held-out split).
+   set) and :meth:`Algorithm.evaluate_client` (a client's personalised model on its held-out split),
+   both as the task's additive sums (:meth:`fedray.tasks.Task.evaluation_sums`).
    An algorithm without a global model (Hetero-SSFL) names the clients to evaluate instead
    (:meth:`Algorithm.evaluation_clients`); the server then runs :meth:`Algorithm.evaluate_on_test_set`
    for each of them and reports the mean of every metric over the clients that return it.
+
+**The task.** ``self.task`` (:mod:`fedray.tasks`, ``data.task``) owns the base loss every local
+objective starts from (``self.task.loss(model(x), y)``, cross-entropy for classification) and the
+evaluation sums; an algorithm adds its own terms on top and never branches on the task. An algorithm
+whose maths needs class labels or one output per sample says so in ``requires``
+(:data:`~fedray.algorithms.requirements.CLASS_LABELS`, :data:`~fedray.algorithms.requirements.PER_SAMPLE_OUTPUTS`).
 
 Hyperparameters are a pydantic model ``Params`` whose fields are the ``algorithm.*`` config keys.
 What the algorithm needs from the model and the config (BatchNorm layers, a projection head, feature
@@ -42,7 +49,6 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from fedray.algorithms.requirements import Requirement
@@ -51,6 +57,7 @@ from fedray.config import RunConfig, TrainConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights
 from fedray.models.weights import parameter_mask
+from fedray.tasks import Task, build_task
 
 Tensor = torch.Tensor
 ServerState = dict[str, Any]
@@ -73,7 +80,7 @@ class ClientContext:
     round: int
     model: FedModel  # the worker's model for this client's architecture; weights are the algorithm's to load
     x: Tensor  # on `device`, as stored (uint8 images [n, C, H, W], int64 tokens [n, T] or float32 features [n, D]): the client's training split
-    y: Tensor  # int64 [n]
+    y: Tensor  # [n, ...] targets in the task's stored form (int64 [n] class labels for classification; fedray.tasks)
     info: DatasetInfo
     train: TrainConfig
     lr: float  # train.lr after the per-round decay
@@ -159,6 +166,7 @@ class Algorithm:
         self.config = config
         self.info = info
         self.params = self.Params.model_validate(config.algorithm.model_extra or {})
+        self.task: Task = build_task(config, info)
 
     def run_uploads(self) -> frozenset[Upload]:
         """What ``client_update`` uploads with this run's params: ``uploads`` unless a setting leaves
@@ -214,13 +222,13 @@ class Algorithm:
         """Logits for normalised inputs; FedProto-style algorithms override (nearest prototype)."""
         return model(x)
 
-    def evaluate_global(self, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor) -> dict[str, float]:
-        """Sums (``correct``, ``loss_sum``, ``count``) of the global model on a test shard."""
+    def evaluate_global(self, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """The task's sums (classification: ``correct``, ``loss_sum``, ``count``) of the global model on a test shard."""
         self.load_global_model(model, broadcast)
-        return classification_sums(self, model, broadcast, x, y, self.config.eval.batch_size)
+        return evaluation_sums(self, model, broadcast, x, y, self.config.eval.batch_size)
 
-    def evaluate_client(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, float]:
-        """Sums of the client's own model on its held-out split. Default: the global model, which is
+    def evaluate_client(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, Any]:
+        """The task's sums of the client's own model on its held-out split. Default: the global model, which is
         what FedAvg-style methods deploy on every client."""
         assert ctx.x_test is not None and ctx.y_test is not None
         return self.evaluate_global(ctx.model, broadcast, ctx.x_test, ctx.y_test)
@@ -277,18 +285,20 @@ def weighted_weights_sums(model: FedModel, num_samples: int | float, prefixes: t
 
 
 @torch.no_grad()
-def classification_sums(
-    algorithm: Algorithm, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor, batch_size: int
-) -> dict[str, float]:
-    """Correct predictions, summed cross-entropy and count of ``model`` on uint8 ``x``."""
+def evaluation_sums(algorithm: Algorithm, model: FedModel, broadcast: Broadcast, x: Tensor, y: Tensor, batch_size: int) -> dict[str, Any]:
+    """The task's evaluation sums (:meth:`fedray.tasks.Task.evaluation_sums`) of ``model``'s predictions
+    (:meth:`Algorithm.predict`) on ``x`` as stored, added over batches of ``batch_size``."""
     was_training = model.training
     model.eval()
-    correct, loss_sum = 0, 0.0
+    total: dict[str, Any] = {}
     for start in range(0, int(y.shape[0]), batch_size):
         xb = algorithm.info.normalize(x[start : start + batch_size])
-        yb = y[start : start + batch_size]
-        logits = algorithm.predict(model, xb, broadcast)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == yb).sum())
+        sums = algorithm.task.evaluation_sums(algorithm.predict(model, xb, broadcast), y[start : start + batch_size])
+        total = add_sums(total, sums)
     model.train(was_training)
-    return {"correct": float(correct), "loss_sum": loss_sum, "count": float(y.shape[0])}
+    return total
+
+
+def add_sums(total: dict[str, Any], sums: dict[str, Any]) -> dict[str, Any]:
+    """``total + sums`` key by key (floats or numpy arrays): evaluation sums of batches, shards, clients."""
+    return {key: total[key] + value if key in total else value for key, value in sums.items()}

@@ -34,10 +34,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import AlgorithmParams, Broadcast, ClientContext, ClientUpdate, ServerState, classification_sums
+from fedray.algorithms.base import AlgorithmParams, Broadcast, ClientContext, ClientUpdate, ServerState, evaluation_sums
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import proximal_term
 from fedray.algorithms.personalized import PersonalizedAlgorithm
@@ -68,7 +67,7 @@ class Ditto(PersonalizedAlgorithm):
         # 1. the global step: FedAvg's client update
         set_flat_weights(model, broadcast["weights"])
         anchor = [p.detach().clone() for p in model.parameters()]  # the received w^t
-        global_metrics = local_train(ctx, lambda x, y: (F.cross_entropy(model(x), y), {}))
+        global_metrics = local_train(ctx, lambda x, y: (self.task.loss(model(x), y), {}))
         sums = self.shared_sums(get_flat_weights(model), ctx.num_samples)
         # 2. the personal step: a fresh momentum-free SGD on CE + λ/2 ‖v − w^t‖²
         self.load_personal_model(ctx, broadcast)
@@ -80,9 +79,9 @@ class Ditto(PersonalizedAlgorithm):
         epochs = ctx.train.local_epochs if params.personal_epochs is None else params.personal_epochs
 
         def personal_loss(x: torch.Tensor, y: torch.Tensor):
-            ce = F.cross_entropy(model(x), y)
+            base = self.task.loss(model(x), y)
             proximal = proximal_term(model.parameters(), anchor)
-            return ce + 0.5 * params.mu * proximal, {"ce": ce.detach(), "proximal": proximal.detach()}
+            return base + 0.5 * params.mu * proximal, {self.task.loss_term: base.detach(), "proximal": proximal.detach()}
 
         personal_metrics = local_train(personal_ctx, personal_loss, epochs=epochs)
         metrics = {**global_metrics, **{f"personal_{k}": v for k, v in personal_metrics.items()}}
@@ -98,4 +97,4 @@ class Ditto(PersonalizedAlgorithm):
         """v_k on the client's held-out split."""
         assert ctx.x_test is not None and ctx.y_test is not None
         self.load_personal_model(ctx, broadcast)
-        return classification_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)
+        return evaluation_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)

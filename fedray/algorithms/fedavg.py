@@ -11,7 +11,6 @@ Algorithms that change only the local objective (FedProx, FedLC, FedNTD, FedDeco
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 
 from fedray.algorithms.base import Broadcast, ClientContext, ClientUpdate, weighted_weights_sums
 from fedray.algorithms.local import LossFn, local_train
@@ -35,4 +34,4 @@ class FedAvg(ServerOptimizedAlgorithm):
     def local_loss(self, ctx: ClientContext, broadcast: Broadcast) -> LossFn:
         """The client's local objective for this round, built once the broadcast weights are in
         ``ctx.model``. FedAvg: cross-entropy."""
-        return lambda x, y: (F.cross_entropy(ctx.model(x), y), {})
+        return lambda x, y: (self.task.loss(ctx.model(x), y), {})

@@ -63,6 +63,7 @@ from fedray.algorithms.losses import cosine_matrix, mean_or_zero, multi_positive
 from fedray.algorithms.personalized import PersonalizedAlgorithm, PersonalizedParams
 from fedray.algorithms.prototypes import class_means, client_class_sums
 from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel
@@ -145,6 +146,7 @@ def probe_reg_loss(
 
 class FedCoSR(PersonalizedAlgorithm):
     name = "fedcosr"
+    requires = PersonalizedAlgorithm.requires | {CLASS_LABELS}
     uploads = frozenset(
         {
             MODEL_WEIGHTS,

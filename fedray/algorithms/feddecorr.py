@@ -22,13 +22,13 @@ Symbols → config keys: β → ``algorithm.beta`` (0.1, the official CIFAR-10 s
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import Broadcast, ClientContext
 from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import decorrelation_loss
+from fedray.algorithms.requirements import PER_SAMPLE_OUTPUTS
 
 
 class FedDecorrParams(FedAvgParams):
@@ -37,6 +37,7 @@ class FedDecorrParams(FedAvgParams):
 
 class FedDecorr(FedAvg):
     name = "feddecorr"
+    requires = FedAvg.requires | {PER_SAMPLE_OUTPUTS}
     Params = FedDecorrParams
     params: FedDecorrParams
 
@@ -47,8 +48,8 @@ class FedDecorr(FedAvg):
 
         def loss_fn(x: torch.Tensor, y: torch.Tensor):
             features = model.encode(x)
-            ce = F.cross_entropy(model.classify(features), y)
+            base = self.task.loss(model.classify(features), y)
             decorrelation = decorrelation_loss(features)
-            return ce + beta * decorrelation, {"ce": ce.detach(), "decorrelation": decorrelation.detach()}
+            return base + beta * decorrelation, {self.task.loss_term: base.detach(), "decorrelation": decorrelation.detach()}
 
         return loss_fn

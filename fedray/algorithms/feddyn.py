@@ -41,7 +41,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import (
@@ -115,10 +114,10 @@ class FedDyn(Algorithm):
         linear_directions = [alpha_k * d for d in parameter_views(model, lam)]
 
         def loss_fn(x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            ce = F.cross_entropy(model(x), y)
+            base = self.task.loss(model(x), y)
             proximal = proximal_term(model.parameters(), anchors)
-            loss = ce + linear_term(model.parameters(), linear_directions, anchors) + 0.5 * alpha_k * proximal
-            return loss, {"ce": ce.detach(), "proximal": proximal.detach()}
+            loss = base + linear_term(model.parameters(), linear_directions, anchors) + 0.5 * alpha_k * proximal
+            return loss, {self.task.loss_term: base.detach(), "proximal": proximal.detach()}
 
         return loss_fn
 

@@ -30,6 +30,7 @@ from fedray.algorithms.base import Broadcast, ClientContext
 from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import logit_calibrated_cross_entropy
+from fedray.algorithms.requirements import CLASS_LABELS
 
 
 class FedLCParams(FedAvgParams):
@@ -41,6 +42,7 @@ class FedLCParams(FedAvgParams):
 
 class FedLC(FedAvg):
     name = "fedlc"
+    requires = frozenset({CLASS_LABELS})
     Params = FedLCParams
     params: FedLCParams
 

@@ -30,6 +30,7 @@ from fedray.algorithms.base import Broadcast, ClientContext, FrozenCopies
 from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import not_true_distillation
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 
@@ -48,6 +49,7 @@ class FedNTDParams(FedAvgParams):
 
 class FedNTD(FedAvg):
     name = "fedntd"
+    requires = frozenset({CLASS_LABELS})
     Params = FedNTDParams
     params: FedNTDParams
 

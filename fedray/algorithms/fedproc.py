@@ -49,6 +49,7 @@ from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import prototype_contrastive_loss
 from fedray.algorithms.prototypes import class_means
 from fedray.algorithms.uploads import Upload
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.models import FedModel
 
 
@@ -73,6 +74,7 @@ def prototype_upload(class_sums: Tensor, class_counts: Tensor, weighting: str) -
 
 class FedProc(FedAvg):
     name = "fedproc"
+    requires = FedAvg.requires | {CLASS_LABELS}
     uploads = FedAvg.uploads | {
         Upload(
             "prototypes", sums=("proto_sum", "proto_weight"), clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts"))

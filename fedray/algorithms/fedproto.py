@@ -54,6 +54,7 @@ from fedray.algorithms.fedsc import eval_pass_class_sums
 from fedray.algorithms.local import local_train
 from fedray.algorithms.prototypes import class_means
 from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 
@@ -81,6 +82,7 @@ def prototype_alignment(features: Tensor, labels: Tensor, prototypes: Tensor, pr
 
 class FedProto(Algorithm):
     name = "fedproto"
+    requires = frozenset({CLASS_LABELS})
     uploads = frozenset(
         {
             MODEL_WEIGHTS,

@@ -8,7 +8,6 @@ optimizer (``algorithm.server_optimizer``, :mod:`fedray.algorithms.server_optimi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import Broadcast, ClientContext
@@ -31,8 +30,8 @@ class FedProx(FedAvg):
         global_parameters = [p.detach().clone() for p in model.parameters()]
 
         def loss_fn(x: torch.Tensor, y: torch.Tensor):
-            ce = F.cross_entropy(model(x), y)
+            base = self.task.loss(model(x), y)
             proximal = proximal_term(model.parameters(), global_parameters)
-            return ce + 0.5 * mu * proximal, {"ce": ce.detach(), "proximal": proximal.detach()}
+            return base + 0.5 * mu * proximal, {self.task.loss_term: base.detach(), "proximal": proximal.detach()}
 
         return loss_fn

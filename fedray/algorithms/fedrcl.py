@@ -75,7 +75,7 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.local import LossFn, local_train
 from fedray.algorithms.losses import batch_cosine_similarities, supervised_contrastive_per_anchor
-from fedray.algorithms.requirements import FEATURE_TAPS
+from fedray.algorithms.requirements import CLASS_LABELS, FEATURE_TAPS
 from fedray.algorithms.server_optimizers import ServerOptimizedAlgorithm, ServerOptimizerParams
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
@@ -211,7 +211,7 @@ def multi_level_rcl_terms(taps: Sequence[Tensor], labels: Tensor, params: FedRCL
 
 class FedRCL(ServerOptimizedAlgorithm):
     name = "fedrcl"
-    requires = frozenset({FEATURE_TAPS})
+    requires = frozenset({CLASS_LABELS, FEATURE_TAPS})
     Params = FedRCLParams
     params: FedRCLParams
 

@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import Broadcast, ClientContext, ClientUpdate
@@ -71,15 +70,15 @@ class FedRep(PersonalizedAlgorithm):
         head = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
         body = [p for name, p in model.named_parameters() if not name.startswith(prefixes)]
 
-        def ce(x: torch.Tensor, y: torch.Tensor):
-            return F.cross_entropy(model(x), y), {}
+        def base_loss(x: torch.Tensor, y: torch.Tensor):
+            return self.task.loss(model(x), y), {}
 
         if self.params.head_epochs > 0:
             with trainable_only(model, head):
-                head_metrics = local_train(ctx, ce, head, epochs=self.params.head_epochs)
+                head_metrics = local_train(ctx, base_loss, head, epochs=self.params.head_epochs)
             metrics["head_train_loss"] = head_metrics["train_loss"]
         with trainable_only(model, body):
-            metrics.update(local_train(ctx, ce, body))
+            metrics.update(local_train(ctx, base_loss, body))
         metrics.update(self.post_train_metrics(ctx, broadcast))
         shared, personal = self.split.read(model)
         return ClientUpdate(sums=self.shared_sums(shared, ctx.num_samples), metrics=metrics, state={"personal": personal})

@@ -77,6 +77,7 @@ from fedray.algorithms.losses import (
 )
 from fedray.algorithms.prototypes import class_means, class_sums, client_class_sums
 from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 ProtoSource = Literal["eval_pass", "last_epoch"]
@@ -213,6 +214,7 @@ class LastEpochClassSums:
 
 class FedSC(Algorithm):
     name = "fedsc"
+    requires = frozenset({CLASS_LABELS})
     uploads = frozenset(
         {
             MODEL_WEIGHTS,

@@ -90,6 +90,7 @@ from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import distance_scale, duplicated_positive_anchor_loss, prototype_contrastive_loss
 from fedray.algorithms.prototypes import class_means
 from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
+from fedray.algorithms.requirements import CLASS_LABELS
 from fedray.models import FedModel, get_flat_weights, set_flat_weights
 
 GdaMode = Literal["paper", "normalized", "fedavg"]
@@ -190,6 +191,7 @@ WEIGHTS_PER_CLIENT = Upload("model weights per client", payload=("weights",), av
 
 class FedSKC(Algorithm):
     name = "fedskc"
+    requires = frozenset({CLASS_LABELS})
     uploads = frozenset({MODEL_WEIGHTS, LOGIT_KNOWLEDGE, WEIGHTS_PER_CLIENT})
     Params = FedSKCParams
     params: FedSKCParams

@@ -28,7 +28,6 @@ With μ = 0 the run is FedAvg.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import (
@@ -43,7 +42,7 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.local import local_train
 from fedray.algorithms.losses import model_contrastive_loss
-from fedray.algorithms.requirements import PROJECTION_HEAD
+from fedray.algorithms.requirements import PER_SAMPLE_OUTPUTS, PROJECTION_HEAD
 from fedray.algorithms.uploads import MODEL_WEIGHTS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
@@ -61,7 +60,7 @@ class MOONParams(AlgorithmParams):
 class MOON(Algorithm):
     name = "moon"
     keeps_client_state = True
-    requires = frozenset({PROJECTION_HEAD})
+    requires = frozenset({PER_SAMPLE_OUTPUTS, PROJECTION_HEAD})
     uploads = frozenset({MODEL_WEIGHTS})
     Params = MOONParams
     params: MOONParams
@@ -84,14 +83,14 @@ class MOON(Algorithm):
 
         def loss_fn(x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             features = model.encode(x)
-            ce = F.cross_entropy(model.classify(features), y)
+            base = self.task.loss(model.classify(features), y)
             if global_model is None:
-                return ce, {"ce": ce.detach()}
+                return base, {self.task.loss_term: base.detach()}
             with torch.no_grad():
                 z_global = representation(global_model, x)
                 z_previous = None if previous_model is None else representation(previous_model, x)
             contrastive = model_contrastive_loss(model.project(features), z_global, z_previous, params.tau)
-            return ce + params.mu * contrastive, {"ce": ce.detach(), "contrastive": contrastive.detach()}
+            return base + params.mu * contrastive, {self.task.loss_term: base.detach(), "contrastive": contrastive.detach()}
 
         metrics = local_train(ctx, loss_fn)
         return ClientUpdate(

@@ -17,8 +17,8 @@ model as it stands at the start of the next round (:meth:`~PersonalizedAlgorithm
 the current global φ plus the client's own π, for FedCoSR after its local aggregation), on its own
 held-out split. This is PFLlib's protocol, which the FedCoSR paper's tables follow: the server
 evaluates after round t with round t+1's broadcast. With ``eval.personalized`` each client also
-reports its accuracy right after local training (``post_train_accuracy``), summed over the round's
-cohort into the round metric ``post_train_personal_accuracy``.
+reports its task headline metric right after local training (``post_train_accuracy`` for classification), weighted over the round's
+cohort into the round metric ``post_train_personal_accuracy`` (``post_train_personal_<headline>``).
 
 **Global model.** There is no global head, so ``test_accuracy`` (global test set) is that of φ^G
 with the untrained π_0: not meaningful for these methods; read ``personal_accuracy``. Every
@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from fedray.algorithms.base import (
@@ -43,7 +42,7 @@ from fedray.algorithms.base import (
     RoundResults,
     ServerState,
     Tensor,
-    classification_sums,
+    evaluation_sums,
     weighted_mean,
     weighted_sums,
 )
@@ -187,7 +186,7 @@ class PersonalizedAlgorithm(Algorithm):
         new_state = dict(server_state)
         if "weights" in results.sums:
             new_state["weights"] = weighted_mean(results.sums)
-        return new_state, post_train_accuracy(results)
+        return new_state, post_train_metric(results, self.task.headline)
 
     # ----------------------------------------------------------------- client side
     def load_client_model(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, float]:
@@ -199,7 +198,7 @@ class PersonalizedAlgorithm(Algorithm):
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
         metrics = self.load_client_model(ctx, broadcast)
-        metrics.update(local_train(ctx, lambda x, y: (F.cross_entropy(ctx.model(x), y), {})))
+        metrics.update(local_train(ctx, lambda x, y: (self.task.loss(ctx.model(x), y), {})))
         metrics.update(self.post_train_metrics(ctx, broadcast))
         shared, personal = self.split.read(ctx.model)
         return ClientUpdate(sums=self.shared_sums(shared, ctx.num_samples), metrics=metrics, state={"personal": personal})
@@ -215,8 +214,8 @@ class PersonalizedAlgorithm(Algorithm):
         """Accuracy of the freshly trained model on the client's held-out split (``eval.personalized``)."""
         if not self.config.eval.personalized or ctx.x_test is None or ctx.y_test is None or ctx.y_test.numel() == 0:
             return {}
-        sums = classification_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)
-        return {"post_train_accuracy": sums["correct"] / sums["count"], "test_samples": sums["count"]}
+        sums = evaluation_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)
+        return {f"post_train_{self.task.headline}": self.task.metrics(sums)[self.task.headline], "test_samples": sums["count"]}
 
     # ----------------------------------------------------------------- evaluation
     def load_global_model(self, model: FedModel, broadcast: Broadcast) -> FedModel:
@@ -228,13 +227,15 @@ class PersonalizedAlgorithm(Algorithm):
         """The client's personalised model (:meth:`load_client_model`) on its held-out split."""
         assert ctx.x_test is not None and ctx.y_test is not None
         self.load_client_model(ctx, broadcast)
-        return classification_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)
+        return evaluation_sums(self, ctx.model, broadcast, ctx.x_test, ctx.y_test, self.config.eval.batch_size)
 
 
-def post_train_accuracy(results: RoundResults) -> dict[str, float]:
-    """Σ correct / Σ count over the round's clients of their accuracy right after local training."""
-    reported = [m for m in results.client_metrics.values() if "post_train_accuracy" in m]
+def post_train_metric(results: RoundResults, headline: str) -> dict[str, float]:
+    """``post_train_personal_<headline>``: the round's clients' headline metric right after local
+    training, weighted by their held-out samples (for accuracy: Σ correct / Σ count)."""
+    key = f"post_train_{headline}"
+    reported = [m for m in results.client_metrics.values() if key in m]
     if not reported:
         return {}
-    correct = sum(m["post_train_accuracy"] * m["test_samples"] for m in reported)
-    return {"post_train_personal_accuracy": correct / sum(m["test_samples"] for m in reported)}
+    weighted = sum(m[key] * m["test_samples"] for m in reported)
+    return {f"post_train_personal_{headline}": weighted / sum(m["test_samples"] for m in reported)}

@@ -25,6 +25,7 @@ from fedray.algorithms.uploads import check_uploads
 from fedray.config import ConfigError, RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel
+from fedray.tasks import TASKS, task_class
 
 if TYPE_CHECKING:
     from fedray.algorithms.base import Algorithm
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 class Requirement:
     """One need: ``is_met(config, model, info)``, and the message when it is not, ``"{keys}: {name}
     needs {what}; {remedy}"`` (``{model}`` in ``what``/``remedy`` is replaced by ``model.name``,
-    ``{data}`` by ``data.name`` and ``{modality}`` by the data's modality)."""
+    ``{data}`` by ``data.name``, ``{task}`` by ``data.task`` and ``{modality}`` by the data's modality)."""
 
     keys: str  # the config key(s) that supply it
     what: str
@@ -44,7 +45,10 @@ class Requirement:
     def message(self, algorithm_name: str, config: RunConfig, info: DatasetInfo) -> str:
         text = f"{algorithm_name} needs {self.what}; {self.remedy}"
         return (
-            text.replace("{model}", repr(config.model.name)).replace("{data}", repr(config.data.name)).replace("{modality}", info.modality)
+            text.replace("{model}", repr(config.model.name))
+            .replace("{data}", repr(config.data.name))
+            .replace("{task}", config.data.task)
+            .replace("{modality}", info.modality)
         )
 
 
@@ -82,8 +86,32 @@ IMAGES = Requirement(
 )
 
 
-#: The order in which unmet requirements are reported (the first one only): the model's before the config's.
-CHECK_ORDER = (IMAGES, BATCHNORM, PROJECTION_HEAD, FEATURE_TAPS, PERSONAL_TEST_SPLITS)
+CLASS_LABELS = Requirement(
+    keys="data.task",
+    what="one class label per sample (its maths is per class: prototypes, class counts or a class-balanced loss) "
+    "and data.task={task} has none",
+    remedy="use data.task=classification, or an algorithm that serves every task (fedray algorithms lists them)",
+    is_met=lambda config, model, info: task_class(config.data.task).class_labels,
+)
+PER_SAMPLE_OUTPUTS = Requirement(
+    keys="data.task",
+    what="one feature vector per sample (it contrasts or decorrelates per-sample features) and data.task={task} gives one per position",
+    remedy="use a task with one output per sample (classification, regression, multilabel)",
+    is_met=lambda config, model, info: task_class(config.data.task).per_sample_outputs,
+)
+
+#: The requirements a task can fail, each with the task attribute (fedray.tasks.Task) it reads.
+TASK_REQUIREMENTS = {CLASS_LABELS: "class_labels", PER_SAMPLE_OUTPUTS: "per_sample_outputs"}
+
+#: The order in which unmet requirements are reported (the first one only): the task's, the model's, the config's.
+CHECK_ORDER = (CLASS_LABELS, PER_SAMPLE_OUTPUTS, IMAGES, BATCHNORM, PROJECTION_HEAD, FEATURE_TAPS, PERSONAL_TEST_SPLITS)
+
+
+def supported_tasks(algorithm: type[Algorithm]) -> tuple[str, ...]:
+    """The built-in tasks (:data:`fedray.tasks.TASKS`) that meet ``algorithm``'s task requirements
+    (what ``fedray algorithms`` lists)."""
+    needs = [attribute for requirement, attribute in TASK_REQUIREMENTS.items() if requirement in algorithm.requires]
+    return tuple(name for name, task in TASKS.items() if all(getattr(task, attribute) for attribute in needs))
 
 
 def is_personalised(algorithm: type[Algorithm]) -> bool:

@@ -41,7 +41,6 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.algorithms.base import (
@@ -121,8 +120,8 @@ class Scaffold(ServerOptimizedAlgorithm):
         start = parameter_views(model, x)
 
         def loss_fn(inputs: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            ce = F.cross_entropy(model(inputs), y)
-            return ce + linear_term(model.parameters(), correction, start), {"ce": ce.detach()}
+            base = self.task.loss(model(inputs), y)
+            return base + linear_term(model.parameters(), correction, start), {self.task.loss_term: base.detach()}
 
         metrics = local_train(ctx, loss_fn)
         y_flat = get_flat_weights(model)

@@ -39,7 +39,7 @@ from torch import nn
 
 from fedray.algorithms.base import Algorithm, AlgorithmParams, ClientContext, Tensor
 from fedray.algorithms.local import local_train
-from fedray.algorithms.requirements import IMAGES
+from fedray.algorithms.requirements import CLASS_LABELS, IMAGES
 from fedray.config import ModelConfig, RunConfig
 from fedray.data import DatasetInfo, ssl_views
 from fedray.data.augment import Augmentation
@@ -174,7 +174,7 @@ class SiameseAlgorithm(Algorithm):
     model key on each worker, the local SSL loop and the linear probe."""
 
     Params = SSLParams
-    requires = frozenset({IMAGES})  # the two views are image augmentations
+    requires = frozenset({IMAGES, CLASS_LABELS})  # two image augmentations as views; a linear probe on class labels
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)

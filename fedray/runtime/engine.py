@@ -13,6 +13,7 @@ It is Ray-free: ``resources.backend: local`` runs it in the driver, and the Ray 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from fedray.algorithms import RoundResults
+from fedray.algorithms.base import add_sums
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset
 from fedray.runtime.async_rounds import BufferedAggregation
@@ -187,8 +189,8 @@ class RoundEngine:
             return self._evaluate_clients_on_test_set(round, clients, broadcast)
         num_workers = self.pool.size
         shards = self.pool.call_each("evaluate_global", [(round, broadcast, i, num_workers) for i in range(num_workers)])
-        total = {key: sum(s[key] for s in shards) for key in ("correct", "loss_sum", "count")}
-        metrics = {"test_accuracy": total["correct"] / total["count"], "test_loss": total["loss_sum"] / total["count"]}
+        total = functools.reduce(add_sums, shards, {})
+        metrics = {f"test_{name}": value for name, value in self.algorithm.task.metrics(total).items()}
         if self.config.eval.personalized:
             metrics.update(self._evaluate_personalized(round, broadcast))
         return metrics
@@ -212,20 +214,22 @@ class RoundEngine:
         return {name: float(np.mean([m[name] for m in per_client if name in m])) for name in names}
 
     def _evaluate_personalized(self, round: int, broadcast: Any) -> dict[str, float]:
-        """The personalised-FL accuracy (total correct / total) and fairness (std of per-client
-        accuracies) over every client's held-out split."""
+        """The task's headline metric of every client's own model on its held-out split, pooled over
+        the clients (``personal_accuracy``: total correct / total), and its spread over them: std,
+        worst (the lowest accuracy, the highest RMSE or perplexity) and the mean of the clients' values."""
         assert self.client_test_sizes is not None
+        task = self.algorithm.task
         clients = np.flatnonzero(self.client_test_sizes > 0)
         costs = self.client_test_sizes[clients] * self.client_flops[clients]
         per_client = self.evaluate_each_client("evaluate_clients", round, clients, costs, broadcast)
-        accuracies = np.array([s["correct"] / s["count"] for s in per_client.values()])
-        correct = sum(s["correct"] for s in per_client.values())
-        count = sum(s["count"] for s in per_client.values())
+        values = np.array([task.headline_of(sums) for sums in per_client.values()])
+        pooled = functools.reduce(add_sums, per_client.values(), {})
+        key = f"personal_{task.headline}"
         return {
-            "personal_accuracy": correct / count,
-            "personal_accuracy_std": float(accuracies.std()),
-            "personal_accuracy_worst": float(accuracies.min()),
-            "personal_accuracy_client_mean": float(accuracies.mean()),
+            key: task.headline_of(pooled),
+            f"{key}_std": float(values.std()),
+            f"{key}_worst": float(values.min() if task.mode == "max" else values.max()),
+            f"{key}_client_mean": float(values.mean()),
         }
 
     # ------------------------------------------------------------------ checkpoints

@@ -27,6 +27,7 @@ import torch
 from fedray.algorithms import Algorithm, ClientUpdate
 from fedray.config import RunConfig
 from fedray.runtime.errors import UserCodeError, first_line
+from fedray.tasks import Task
 from fedray.tracking import Callback, RunContext
 from fedray.tracking.callbacks import config_callback_classes
 
@@ -45,7 +46,7 @@ def call_algorithm(algorithm: Algorithm, method: str, round: int | None, client:
         result = function(*args)
     except (Exception, SystemExit) as error:
         raise user_code_error(owner, method, round, client, error) from None
-    problem = RESULT_CHECKS[method](result) if method in RESULT_CHECKS else None
+    problem = RESULT_CHECKS[method](algorithm, result) if method in RESULT_CHECKS else None
     if problem is not None:
         raise UserCodeError(owner, method, round, client, problem, definition_frame(function))
     return result
@@ -97,25 +98,25 @@ def check_aggregate(result: Any) -> str | None:
     return None
 
 
-def _check_sums(*keys: str) -> Callable[[Any], str | None]:
-    """A check of an evaluation result: a dict with at least ``keys``."""
+def _check_sums(keys_of: Callable[[Task], tuple[str, ...]]) -> Callable[[Algorithm, Any], str | None]:
+    """A check of an evaluation result: a dict with at least the sums ``keys_of(algorithm.task)`` names."""
 
-    def check(result: Any) -> str | None:
+    def check(algorithm: Algorithm, result: Any) -> str | None:
         if not isinstance(result, dict):
             return f"returned a {_type_name(result)}, not a dict of metric sums"
-        missing = [key for key in keys if key not in result]
+        missing = [key for key in keys_of(algorithm.task) if key not in result]
         return f"returned no {', '.join(missing)} (it returned {sorted(result)})" if missing else None
 
     return check
 
 
 #: The result checks of the algorithm methods the runtime calls through :func:`call_algorithm`.
-RESULT_CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "client_update": check_client_update,
-    "aggregate": check_aggregate,
-    "evaluate_global": _check_sums("correct", "loss_sum", "count"),
-    "evaluate_client": _check_sums("correct", "count"),
-    "evaluate_on_test_set": _check_sums(),
+RESULT_CHECKS: dict[str, Callable[[Algorithm, Any], str | None]] = {
+    "client_update": lambda algorithm, result: check_client_update(result),
+    "aggregate": lambda algorithm, result: check_aggregate(result),
+    "evaluate_global": _check_sums(lambda task: task.sum_keys),
+    "evaluate_client": _check_sums(lambda task: task.client_sum_keys),
+    "evaluate_on_test_set": _check_sums(lambda task: ()),
 }
 
 

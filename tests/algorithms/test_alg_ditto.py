@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from fedray.algorithms.base import classification_sums
+from fedray.algorithms.base import evaluation_sums
 from fedray import load_config
 from fedray.data import build_federated_dataset
 from fedray.models import get_flat_weights, set_flat_weights
@@ -102,7 +102,7 @@ def test_personal_model_survives_rounds_and_is_what_is_evaluated(tmp_path):
         ctx = run.workers[0].client_context(2, client_id, int(run.versions[client_id]))
         model = run.initial_model
         set_flat_weights(model, run.client_state(client_id)["personal_model"])
-        expected = classification_sums(algorithm, model, {}, ctx.x_test, ctx.y_test, 512)
+        expected = evaluation_sums(algorithm, model, {}, ctx.x_test, ctx.y_test, 512)
         assert sums[client_id] == expected
 
 

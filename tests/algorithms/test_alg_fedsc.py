@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fedray.algorithms import ClientContext, get_algorithm_class
-from fedray.algorithms.base import Algorithm, ClientUpdate, RoundResults, classification_sums
+from fedray.algorithms.base import Algorithm, ClientUpdate, RoundResults, evaluation_sums
 from fedray.algorithms.fedsc import (
     angles_to_global,
     consistent_prototype,
@@ -110,7 +110,7 @@ def global_accuracy(algorithm: Algorithm, data: FederatedDataset, server_state: 
     model = initial_model(algorithm)
     broadcast = algorithm.broadcast(server_state, round + 1)
     algorithm.load_global_model(model, broadcast)
-    sums = classification_sums(algorithm, model, broadcast, torch.as_tensor(data.test.x), torch.as_tensor(data.test.y), 512)
+    sums = evaluation_sums(algorithm, model, broadcast, torch.as_tensor(data.test.x), torch.as_tensor(data.test.y), 512)
     return sums["correct"] / sums["count"]
 
 
