@@ -280,6 +280,11 @@ class TrainConfig(Section):
         "auto", description="the task's base loss: auto (the task's own), or for data.task=regression mse, mae or huber"
     )
     huber_delta: float = Field(1.0, gt=0, description="train.loss=huber: where the loss turns from quadratic to linear (standardised units)")
+    vectorize: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="train a worker's clients that share an architecture as one batched computation (torch.func.vmap): "
+        "on (refused where the algorithm or model cannot), auto (where they can, else the loop), off (one client after another)",
+    )
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="sync: rounds of train.clients_per_round clients; async: buffered asynchronous aggregation (FedBuff) "
@@ -310,6 +315,9 @@ class ResourcesConfig(Section):
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     server_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the server actor")
+    vectorize_group: int | None = Field(
+        None, gt=0, le=100_000, description="train.vectorize: clients trained together at most (None: sized from the device's free memory)"
+    )
     max_worker_restarts: int = Field(3, ge=0, description="times a dead worker actor is replaced before the run fails")
     placement_strategy: Literal["PACK", "SPREAD"] = Field(
         "PACK",
@@ -573,7 +581,8 @@ class RunConfig(Section):
 #: that a classification run saves and checkpoints exactly the config it did before they existed.
 _KEYS_SAVED_WHEN_SET = {
     "data": ("task", "target_columns", "stride", "tokenizer", "missing"),
-    "train": ("loss", "huber_delta"),
+    "train": ("loss", "huber_delta", "vectorize"),
+    "resources": ("vectorize_group",),
     "model": ("init_strict", "freeze", "adapters"),
 }
 
