@@ -76,13 +76,28 @@ def is_wildcard(host: str) -> bool:
         return False
 
 
+class ListenError(OSError):
+    """The dashboard cannot listen on the address it was given (a busy port, a host name that does not
+    resolve): bad input, which ``fedray`` prints as one line and exits 2 for, whichever command
+    (``fedray dashboard``, ``fedray up``) started the dashboard. ``strerror`` is the system's reason."""
+
+    fedray_exit_code = 2
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return f"the dashboard cannot listen on {self.host}:{self.port} ({self.strerror}); pick another port, or 0 for any free one"
+
+
 class DashboardServer(ThreadingHTTPServer):
     """Serves the dashboard of one folder; ``port=0`` picks a free port (see :attr:`url`).
 
     ``allowed_hosts``: names besides 127.0.0.1, localhost, [::1] (and ``host`` itself when it is a
     specific address) that the ``Host`` header may carry, e.g. the machine's name when serving with
     ``--host 0.0.0.0``. ``request_timeout``: seconds a connection may take to send its request.
-    ``max_threads``: requests handled at once.
+    ``max_threads``: requests handled at once. An address it cannot listen on raises :class:`ListenError`.
     """
 
     daemon_threads = True
@@ -114,14 +129,18 @@ class DashboardServer(ThreadingHTTPServer):
         self.handler_slots = threading.BoundedSemaphore(max_threads)
         if ":" in host:
             self.address_family = socket.AF_INET6
-        super().__init__((host, port), DashboardHandler)
-        names = [*LOOPBACK_NAMES, *allowed_hosts] + ([] if is_wildcard(host) else [f"[{host}]" if ":" in host else host])
-        port = self.server_address[1]
-        self.allowed_hosts = {f"{name.lower()}:{port}" for name in names}
+        # before binding: a failed bind calls server_close, which closes these
         self.waiting = selectors.DefaultSelector()  # connections whose request has not started: data = (since, address)
         self.waiting_lock = threading.Lock()
         self.closing = threading.Event()
         self.waiting_room = threading.Thread(target=self._admit_waiting, name="fedray-dashboard-waiting", daemon=True)
+        try:
+            super().__init__((host, port), DashboardHandler)
+        except OSError as error:  # a busy port, an unknown host, an address this machine does not have
+            raise ListenError(host, port, error) from None
+        names = [*LOOPBACK_NAMES, *allowed_hosts] + ([] if is_wildcard(host) else [f"[{host}]" if ":" in host else host])
+        port = self.server_address[1]
+        self.allowed_hosts = {f"{name.lower()}:{port}" for name in names}
         self.waiting_room.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -159,7 +178,8 @@ class DashboardServer(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         self.closing.set()
-        self.waiting_room.join()
+        if self.waiting_room.ident is not None:  # not started when the bind failed
+            self.waiting_room.join()
         with self.waiting_lock:
             for key in list(self.waiting.get_map().values()):
                 self.waiting.unregister(key.fileobj)

@@ -159,3 +159,20 @@ def test_up_refuses_bad_options_before_starting_anything(tmp_path, args, message
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"fedray: {message}"]
     assert not (tmp_path / "service").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_up_on_a_busy_dashboard_port_is_one_line_exit_2_and_stops_what_it_started(tmp_path):
+    import socket
+
+    service_dir = tmp_path / "service"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = fedray("up", "--dashboard-port", str(port), "--warm-workers", "0", cwd=tmp_path, service_dir=service_dir)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"fedray: the dashboard cannot listen on 127.0.0.1:{port} (Address already in use); pick another port" in result.stderr
+    assert "fedray: local service stopped" in result.stderr
+    assert not (service_dir / STATE_FILE).exists()

@@ -166,3 +166,35 @@ def test_handler_threads_are_bounded_and_idle_connections_do_not_block_the_page(
         finally:
             for connection in sockets:
                 connection.close()
+
+
+@pytest.fixture
+def busy_port():
+    """A port another socket listens on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def test_a_busy_port_or_an_unknown_host_is_one_line_and_exit_2(tmp_path, busy_port, capsys):
+    """Not a chained AttributeError ('closing') from the failed bind's server_close."""
+    from fedray.cli.main import main
+
+    for host, port, reason in [("127.0.0.1", busy_port, "Address already in use"), ("no-such-host.invalid", 8000, "")]:
+        assert main(["dashboard", str(tmp_path), "--host", host, "--port", str(port)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"fedray: dashboard: cannot listen on {host}:{port} ({reason}") and "pick another --port" in line
+
+
+def test_a_dashboard_that_cannot_listen_says_so_whichever_command_started_it(tmp_path, busy_port):
+    """`fedray up --dashboard-port P` starts the server inside the service: its error is a one-line exit 2 too."""
+    from fedray.dashboard.app import ListenError
+
+    with pytest.raises(ListenError) as raised:
+        DashboardServer(tmp_path, port=busy_port)
+    assert raised.value.fedray_exit_code == 2
+    assert str(raised.value) == (
+        f"the dashboard cannot listen on 127.0.0.1:{busy_port} (Address already in use); pick another port, or 0 for any free one"
+    )
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
