@@ -1,5 +1,6 @@
 """Warnings the user must see, whatever shows the run: a round's non-finite updates, a client whose
-training loss blows up while staying finite, and a collapse of the evaluated accuracy.
+training loss blows up while staying finite, and a collapse of the evaluated accuracy (with differential
+privacy on, naming its noise as a likely cause).
 
 :class:`HealthMonitor` (a default callback of every run) writes each as one ``warning: round N: ...``
 line to the ``fedray.health`` logger: on stderr in a ``--quiet`` run and in a Ray Tune trial's log, and
@@ -15,6 +16,7 @@ import statistics
 import sys
 from typing import Any, Iterable
 
+from fedray.config import RunConfig
 from fedray.tracking.callbacks import Callback, RunContext
 
 
@@ -101,9 +103,10 @@ class HealthMonitor(Callback):
             )
         for metric in ACCURACY_METRICS:
             if row.get(metric) is not None:
-                self._check_collapse(run, row["round"], metric, row[metric])
+                self._check_collapse(run, row, metric, row[metric])
 
-    def _check_collapse(self, run: RunContext, round: int, metric: str, value: float) -> None:
+    def _check_collapse(self, run: RunContext, row: dict[str, Any], metric: str, value: float) -> None:
+        round = row["round"]
         best, best_round = self.best.get(metric, (value, round))
         if not collapsed(value, best):
             self.collapsed.discard(metric)
@@ -111,7 +114,22 @@ class HealthMonitor(Callback):
             self.collapsed.add(metric)
             logger.warning(
                 f"warning: round {round}: {metric} fell to {value:.4f} from {best:.4f} (round {best_round}): training "
-                f"collapsed; a lower train.lr (now {run.config.train.lr:g}) or a train.grad_clip may keep it stable"
+                f"collapsed; {collapse_advice(run.config, row.get('dp_noise_multiplier'))}"
             )
         if value >= best:
             self.best[metric] = (value, round)
+
+
+def collapse_advice(config: RunConfig, noise_multiplier: float | None) -> str:
+    """What may keep training stable. With differential privacy on, the noise added to the updates is
+    as likely a cause as the learning rate: its multiplier z (the round row's, which a run calibrated
+    to privacy.target_epsilon chose) and what lowers it are named first."""
+    advice = f"a lower train.lr (now {config.train.lr:g}) or a train.grad_clip may keep it stable"
+    if not config.privacy.enabled:
+        return advice
+    multiplier = "" if noise_multiplier is None else f" (noise multiplier z = {noise_multiplier:.3g})"
+    return (
+        f"differential privacy is on ({config.privacy.mechanism}): its noise{multiplier} may be the cause; a smaller "
+        "privacy.noise_multiplier (or, when z is calibrated, a larger privacy.target_epsilon) or more clients per round "
+        f"(train.clients_per_round, now {config.train.clients_per_round}) lowers it relative to the update; else {advice}"
+    )

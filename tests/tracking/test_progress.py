@@ -92,3 +92,22 @@ def test_every_run_monitors_its_health_with_or_without_a_bar():
     config = load_config(None, [])
     for progress in (True, False):
         assert sum(isinstance(callback, HealthMonitor) for callback in default_callbacks(config, progress)) == 1
+
+
+def test_a_collapse_with_differential_privacy_on_names_the_noise_multiplier(tmp_path, capsys):
+    """The noise of DP, not only the learning rate, collapses training: the warning says so and what lowers it."""
+    config = load_config(None, ["train.lr=0.2", "privacy.mechanism=central", "privacy.clip=0.5", "privacy.noise_multiplier=2.5"])
+    run = RunContext(
+        config=config, run_dir=tmp_path, data=SimpleNamespace(info=SimpleNamespace(num_classes=10)), server=None, start_round=0
+    )
+    monitor = HealthMonitor()
+    for round, accuracy in {1: 0.6, 2: 0.2}.items():
+        row = {"round": round, "seconds": 1.0, "excluded_updates": 0, "test_accuracy": accuracy, "dp_noise_multiplier": 2.5}
+        monitor.on_round_end(run, row, [])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        "warning: round 2: test_accuracy fell to 0.2000 from 0.6000 (round 1): training collapsed; differential privacy is on "
+        "(central): its noise (noise multiplier z = 2.5) may be the cause; a smaller privacy.noise_multiplier (or, when z is "
+        f"calibrated, a larger privacy.target_epsilon) or more clients per round (train.clients_per_round, now {config.train.clients_per_round}) "
+        "lowers it relative to the update; else a lower train.lr (now 0.2) or a train.grad_clip may keep it stable"
+    ]
