@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from fedray.config import ConfigError, RunConfig
+from fedray.config.schema import TASK_REPORTS
 from fedray.config.references import import_reference, is_reference
 
 Tensor = torch.Tensor
@@ -116,6 +117,7 @@ class Classification(Task):
     """One class label per sample; cross-entropy; accuracy."""
 
     name = "classification"
+    headline, mode, metric_names = TASK_REPORTS[name]
 
     def loss(self, output: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(output, y)
@@ -158,9 +160,7 @@ class Regression(Task):
     the test split's mean) are reported; ``test_loss`` is in standardised units."""
 
     name = "regression"
-    headline = "rmse"
-    mode = "min"
-    metric_names = ("rmse", "mae", "r2", "loss")
+    headline, mode, metric_names = TASK_REPORTS[name]
     class_labels = False
 
     sum_keys = client_sum_keys = ("squared_error", "absolute_error", "target_sum", "target_square_sum", "loss_sum", "count")
@@ -243,8 +243,7 @@ class Multilabel(Task):
     the predicted probability (exact but for ties inside a bin, which count as one threshold)."""
 
     name = "multilabel"
-    headline = "micro_f1"
-    metric_names = ("micro_f1", "macro_f1", "map", "loss")
+    headline, mode, metric_names = TASK_REPORTS[name]
     class_labels = False
 
     SCORE_BINS = 1000
@@ -328,9 +327,7 @@ class LanguageModeling(Task):
     split's mean token loss, next-token accuracy the share of counted positions predicted exactly."""
 
     name = "language_modeling"
-    headline = "perplexity"
-    mode = "min"
-    metric_names = ("perplexity", "accuracy", "loss")
+    headline, mode, metric_names = TASK_REPORTS[name]
     class_labels = False
     per_sample_outputs = False
     sum_keys = client_sum_keys = ("loss_sum", "correct", "tokens", "count")

@@ -14,7 +14,7 @@ Algorithm-specific keys are declared by each algorithm's ``Params`` model (see
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -36,8 +36,25 @@ DATASETS = (
     "wine",
 )
 PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity", "natural")
-#: The built-in values of ``data.task`` (:mod:`fedray.tasks` implements them).
-TASKS = ("classification", "regression", "multilabel", "language_modeling")
+
+
+class TaskReport(NamedTuple):
+    """What a task reports: its headline metric, whether higher is better, and its test metrics."""
+
+    headline: str
+    mode: Literal["max", "min"]
+    metric_names: tuple[str, ...]
+
+
+#: The built-in values of ``data.task`` and what each reports (:mod:`fedray.tasks` implements them; kept
+#: here, free of torch, for the checks that run before torch is imported, such as a sweep's metric).
+TASK_REPORTS = {
+    "classification": TaskReport("accuracy", "max", ("accuracy", "loss")),
+    "regression": TaskReport("rmse", "min", ("rmse", "mae", "r2", "loss")),
+    "multilabel": TaskReport("micro_f1", "max", ("micro_f1", "macro_f1", "map", "loss")),
+    "language_modeling": TaskReport("perplexity", "min", ("perplexity", "accuracy", "loss")),
+}
+TASKS = tuple(TASK_REPORTS)
 MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18", "mlp", "char_lstm")
 
 
@@ -279,7 +296,9 @@ class TrainConfig(Section):
     loss: Literal["auto", "mse", "mae", "huber"] = Field(
         "auto", description="the task's base loss: auto (the task's own), or for data.task=regression mse, mae or huber"
     )
-    huber_delta: float = Field(1.0, gt=0, description="train.loss=huber: where the loss turns from quadratic to linear (standardised units)")
+    huber_delta: float = Field(
+        1.0, gt=0, description="train.loss=huber: where the loss turns from quadratic to linear (standardised units)"
+    )
     vectorize: Literal["auto", "on", "off"] = Field(
         "off",
         description="train a worker's clients that share an architecture as one batched computation (torch.func.vmap): "

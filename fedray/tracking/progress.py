@@ -13,14 +13,28 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from fedray.tracking.callbacks import Callback, RunContext
 
 
+#: The evaluated metrics the bar shows when a row has them, with their labels (data.task decides which a row has).
+SHOWN_METRICS = (
+    ("test_accuracy", "acc"),
+    ("personal_accuracy", "p-acc"),
+    ("test_rmse", "rmse"),
+    ("test_r2", "r2"),
+    ("personal_rmse", "p-rmse"),
+    ("test_micro_f1", "f1"),
+    ("personal_micro_f1", "p-f1"),
+    ("test_perplexity", "ppl"),
+    ("personal_perplexity", "p-ppl"),
+)
+
+
 def round_postfix(row: dict[str, Any]) -> dict[str, str]:
     """What the progress bar shows of a round's row (and a sweep trial's ``log.txt``, :mod:`fedray.tune.trial_log`):
-    the training loss, the seconds it took, the accuracies evaluated and the privacy ε spent so far."""
+    the training loss, the seconds it took, the task's headline metrics evaluated (accuracy, RMSE and R²,
+    micro-F1, perplexity; global and personalised) and the privacy ε spent so far."""
     postfix = {"loss": f"{row['train_loss']:.3f}", "s/round": f"{row['seconds']:.2f}"}
-    if "test_accuracy" in row:
-        postfix["acc"] = f"{row['test_accuracy']:.4f}"
-    if "personal_accuracy" in row:
-        postfix["p-acc"] = f"{row['personal_accuracy']:.4f}"
+    for key, label in SHOWN_METRICS:
+        if row.get(key) is not None:
+            postfix[label] = f"{row[key]:.4f}"
     if "dp_epsilon" in row:  # privacy.mechanism: the ε spent so far (docs/guide/privacy.md)
         postfix["ε"] = f"{row['dp_epsilon']:.3g}"
     return postfix

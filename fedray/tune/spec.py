@@ -11,8 +11,8 @@ A sweep file is YAML::
       algorithm.mu: {loguniform: [0.001, 1]}
       data.alpha: {grid: [0.1, 0.5]}
     num_samples: 2                      # samples of the non-grid keys per grid point
-    metric: test_accuracy
-    mode: max                           # default: min for *loss, max otherwise
+    metric: test_accuracy               # default: the task's headline (test_rmse for a regression...)
+    mode: max                           # default: the task's direction for its headline, min for losses and errors
     scheduler: {type: asha, grace_period: 2, reduction_factor: 2}   # or: fifo
     search: random                      # or: optuna (TPE; needs the `optuna` extra)
     max_concurrent_trials: 2
@@ -50,11 +50,38 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedray.config import ConfigError, RunConfig, apply_overrides, is_reference, read_yaml, set_key, validate_config
 from fedray.config.loader import validation_config_error
+from fedray.config.schema import TASK_REPORTS
 
 Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
 #: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
-METRICS = ("test_accuracy", "test_loss", "train_loss", "personal_accuracy", "personal_accuracy_std")
+#: The metrics a sweep may rank by: every built-in task's test metrics and its personalised headline.
+METRICS = tuple(
+    dict.fromkeys(
+        [f"test_{name}" for report in TASK_REPORTS.values() for name in report.metric_names]
+        + ["train_loss"]
+        + [f"personal_{report.headline}{suffix}" for report in TASK_REPORTS.values() for suffix in ("", "_std")]
+    )
+)
+#: Metrics for which lower is better (besides a task's headline, whose direction the task gives).
+_LOWER_IS_BETTER = ("loss", "_std", "rmse", "mae", "perplexity")
+
+
+def default_mode(metric: str, task: str) -> Literal["max", "min"]:
+    """Whether a larger ``metric`` is better in a run of ``data.task`` = ``task``: the task's own
+    direction for its headline (``test_<headline>``, ``personal_<headline>``), else min for losses,
+    spreads, errors and perplexity and max for the rest."""
+    report = TASK_REPORTS.get(task)
+    if report is not None and metric in (f"test_{report.headline}", f"personal_{report.headline}"):
+        return report.mode
+    return "min" if metric.endswith(_LOWER_IS_BETTER) else "max"
+
+
+def default_metric(task: str) -> str:
+    """``test_<headline>`` of a built-in task (``test_accuracy`` for classification)."""
+    return f"test_{TASK_REPORTS[task].headline}" if task in TASK_REPORTS else "test_loss"
+
+
 #: The most trials one sweep may have: Tune keeps every trial in memory and in its experiment state.
 MAX_TRIALS = 10_000
 #: The most trial shapes validated before Ray starts (each builds its data partition and algorithm).
@@ -174,8 +201,8 @@ class SweepSpec(_Strict):
     per_algorithm: dict[str, list[str]] = Field(default_factory=dict)
     space: dict[str, Domain]
     num_samples: int = Field(1, ge=1)
-    metric: str = "test_accuracy"
-    mode: Literal["max", "min"] | None = None
+    metric: str | None = Field(None, description="the metric trials are ranked by (None: test_<headline> of the base config's data.task)")
+    mode: Literal["max", "min"] | None = Field(None, description="None: the task's direction for its headline, min for losses and errors")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     max_concurrent_trials: int | None = Field(None, ge=1, description="None: as many as the resources allow")
@@ -202,15 +229,13 @@ class SweepSpec(_Strict):
 
     @field_validator("metric")
     @classmethod
-    def _known_metric(cls, metric: str) -> str:
-        if metric not in METRICS:
+    def _known_metric(cls, metric: str | None) -> str | None:
+        if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r} (allowed: {', '.join(METRICS)})")
         return metric
 
     @model_validator(mode="after")
     def _defaults_and_combinations(self) -> "SweepSpec":
-        if self.mode is None:
-            self.mode = "min" if self.metric.endswith("loss") or self.metric.endswith("_std") else "max"
         if self.search.type == "optuna":
             grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
             if grids:
@@ -422,6 +447,7 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
     from fedray.runtime.experiment import prepare_data
 
     datasets: dict[str, Any] = {}  # trial shapes that differ only outside `data`/`seed` share one partition
+    tasks: set[str] = set()
     for values in spec.trial_shapes():
         try:
             config = spec.trial_config(values)
@@ -431,6 +457,17 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
             shape = ", ".join(f"{k}={v!r}" for k, v in values.items())
             within = f"sweep file {source}: the trial with {shape} has an invalid run config"
             raise ConfigError(error.key, error.message, within=within, more=error.more) from None
+        tasks.add(config.data.task)
+        if spec.metric is None:  # the task's headline, with the task's direction
+            spec.metric = default_metric(config.data.task)
+        if spec.mode is None:
+            spec.mode = default_mode(spec.metric, config.data.task)
+        if len(tasks) > 1 and "metric" not in spec.model_fields_set:
+            raise ConfigError(
+                "metric",
+                f"the trials learn different tasks ({', '.join(sorted(tasks))}); name the metric to rank them by",
+                within=f"sweep file {source}",
+            )
         if spec.metric.startswith("personal_") and not config.eval.personalized:
             raise ConfigError(
                 "metric",

@@ -25,9 +25,10 @@ SEED_KEY = "seed"
 
 
 def format_metric(metric: str, value: float | None) -> str:
+    """Accuracies and F1 scores as percentages, other metrics (losses, RMSE, perplexity, R²) as numbers."""
     if value is None or pd.isna(value):
         return "n/a"
-    return f"{100 * value:.2f}%" if metric.endswith("accuracy") else f"{value:.4f}"
+    return f"{100 * value:.2f}%" if metric.endswith(("accuracy", "_f1")) else f"{value:.4g}" if abs(value) >= 1000 else f"{value:.4f}"
 
 
 def ranked_trials(trials: pd.DataFrame, mode: str) -> pd.DataFrame:
