@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedray.config import ConfigError
+from fedray.config.schema import TASK_REPORTS
 from fedray.layout import ERROR, ROUNDS_FILE, TERMINATED, TRIALS_DIR, TRIALS_FILE
 from fedray.tune.results import read_meta, read_table
 
@@ -20,6 +21,8 @@ PERSONALISED_NOTE = (
     "personal_accuracy. Their test_accuracy is a global model with an untrained personal part, not comparable "
     "to the other rows'."
 )
+#: Each task's personalised headline (personal_accuracy, personal_rmse...), shown beside the sweep's metric.
+PERSONAL_HEADLINES = tuple(f"personal_{report.headline}" for report in TASK_REPORTS.values())
 ALGORITHM_KEY = "algorithm.name"
 SEED_KEY = "seed"
 
@@ -91,8 +94,8 @@ def errored_trials_table(sweep_dir: Path) -> str | None:
 
 def comparison_markdown(sweep_dir: Path) -> str | None:
     """Algorithms (rows) × the other swept keys except ``seed`` (columns): mean ± std over seeds of
-    each completed trial's final value of the sweep's metric (and of ``personal_accuracy`` when the
-    trials report it); a cell with errored trials says how many (``2 errored``), and the errored
+    each completed trial's final value of the sweep's metric (and of the task's personalised headline,
+    ``personal_accuracy`` for classification, when the trials report it); a cell with errored trials says how many (``2 errored``), and the errored
     trials are listed below the tables with their errors. None when the sweep's space does not
     include ``algorithm.name``."""
     meta = read_meta(sweep_dir)
@@ -108,7 +111,7 @@ def comparison_markdown(sweep_dir: Path) -> str | None:
         if not rounds.empty
         else pd.DataFrame(index=pd.Index([], name="trial_id"))
     )
-    metrics = [meta["metric"]] + [m for m in ("personal_accuracy",) if m in final.columns and m != meta["metric"]]
+    metrics = [meta["metric"]] + [m for m in PERSONAL_HEADLINES if m in final.columns and m != meta["metric"]]
     columns = [key for key in meta["swept_keys"] if key not in (ALGORITHM_KEY, SEED_KEY)]
     evaluation_marks = {name: evaluation_mark(name) for name in shown[ALGORITHM_KEY].unique()}
     sections = []
