@@ -46,7 +46,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from fedray.config.schema import OutputConfig
+from fedray.config.schema import TASK_REPORTS, OutputConfig
 from fedray.layout import (
     ERROR,
     LEARNING_CURVE_PLOT,
@@ -226,6 +226,14 @@ def participation_histogram(participation: np.ndarray, num_clients: int | None) 
         histogram[0] = 0
     rounds = np.flatnonzero(histogram)
     return {"rounds": rounds, "clients": histogram[rounds], "num_clients": num_clients, "clients_seen": seen}
+
+
+def task_headline(config: dict[str, Any]) -> tuple[str, Literal["max", "min"]]:
+    """``(test_<headline>, mode)`` of a saved run config's ``data.task`` (classification when it has
+    none: configs saved before tasks existed); a user's task, whose report is in its code, as classification."""
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    report = TASK_REPORTS.get(data.get("task", "classification"))
+    return (DEFAULT_METRIC, "max") if report is None else (f"test_{report.headline}", report.mode)
 
 
 def select_best_trial(trials: list[dict[str, Any]], mode: str) -> str | None:
@@ -1049,7 +1057,8 @@ class DashboardData:
         return [k for k in swept_keys if not all(isinstance(t.get(k), float) for t in trials if t.get(k) is not None)]
 
     def _runs_overview(self, kind: Kind, version: str) -> Overview:
-        """A single run or a folder of runs as a sweep: one trial per run, ``test_accuracy`` (max)."""
+        """A single run or a folder of runs as a sweep: one trial per run, ranked by the first run's task's
+        headline metric in its direction (``test_accuracy``, max, for classification; :func:`task_headline`)."""
         messages: list[Message] = []
         metric, mode = DEFAULT_METRIC, "max"
         run_dirs = self.run_dirs(kind)
@@ -1059,6 +1068,8 @@ class DashboardData:
         for run_dir in run_dirs:
             trial_id = run_dir.name
             config = self.cache.read(run_dir / SAVED_CONFIG_FILE, read_yaml_mapping, messages) or {}
+            if not configs:
+                metric, mode = task_headline(config)
             summary = self.cache.read(run_dir / SUMMARY_FILE, read_json_object, messages)
             rounds = self._run_round_rows(run_dir, messages)
             frames.append(rounds.assign(trial_id=trial_id))
