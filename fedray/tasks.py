@@ -302,7 +302,7 @@ class Multilabel(Task):
             raise ValueError(f"{where}: multilabel targets must be [N, labels] of 0/1, got shape {y.shape}")
         if not np.isin(y, (0, 1)).all():
             bad = np.argwhere(~np.isin(y, (0, 1)))[0]
-            raise ValueError(f"{where}: multilabel targets must be 0 or 1, got {y[tuple(bad)]!r} in row {int(bad[0])}")
+            raise ValueError(f"{where}: multilabel targets must be 0 or 1, got {y[tuple(bad)].item()!r} in row {int(bad[0])}")
         return y.astype(np.float32)
 
 

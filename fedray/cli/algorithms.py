@@ -1,5 +1,6 @@
 """``fedray algorithms [NAME ...] [--format text|yaml]``: list the algorithms ``algorithm.name`` can
-name, each with its ``algorithm.*`` keys, their defaults and what they mean.
+name, each with the tasks it serves (``data.task``, from its requirements), its ``algorithm.*`` keys,
+their defaults and what they mean.
 
 The keys and defaults are read from each algorithm's pydantic ``Params`` model, the same model that
 validates a config, so the listing cannot drift from what ``fedray run`` accepts. Built-ins and
@@ -107,13 +108,17 @@ def format_value(value: Any) -> str:
 
 
 def algorithms_text(classes: dict[str, type]) -> str:
-    """The readable listing: a heading line per algorithm, then one line per ``algorithm.*`` key."""
+    """The readable listing: a heading line per algorithm, the tasks (``data.task``) it serves, then one
+    line per ``algorithm.*`` key."""
+    from fedray.algorithms.requirements import supported_tasks
+
     lines = []
     for name, cls in classes.items():
         lines.append(f"{name}  ({cls.__module__}:{cls.__name__})")
         summary = algorithm_summary(cls)
         if summary:
             lines.append(f"  {summary}")
+        lines.append(f"  tasks: {', '.join(supported_tasks(cls)) or 'none of the built-in ones'}")
         rows = parameter_rows(cls.Params)
         if not rows:
             lines.append("  (no algorithm.* keys)")
