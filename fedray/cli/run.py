@@ -119,6 +119,8 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
         print(
             f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}"
         )
+    for line in systems_lines(summary) + privacy_lines(summary):
+        print(line)
     where = "local backend, no Ray" if summary.backend == "local" else f"Ray start-up {summary.ray_startup_seconds:.1f} s"
     print(f"wall time          {command_seconds:.1f} s from the command's start (the run {summary.seconds:.1f} s, {where})")
     if summary.first_round_seconds is not None:
@@ -127,3 +129,41 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
     print(
         f"files              config.yaml, metrics.parquet, summary.json, run_info.json,{workers} learning_curve.png, partition.png, tensorboard/, checkpoints/"
     )
+
+
+def systems_lines(summary) -> list[str]:
+    """The systems model's results: simulated time, clients over all rounds, bytes; none without it."""
+    totals = summary.systems_totals
+    if not totals:
+        return []
+    lines = [f"simulated time     {format_seconds(summary.final_metrics['sim_time'])}"] if "sim_time" in summary.final_metrics else []
+    lines.append(
+        f"clients            {totals['aggregated']:,} aggregated of {totals['selected']:,} selected over {summary.rounds} rounds "
+        f"({totals['dropped']:,} dropped, {totals['late']:,} late)"
+    )
+    lines.append(f"bytes              {format_bytes(totals['bytes_down'])} down, {format_bytes(totals['bytes_up'])} up")
+    return lines
+
+
+def privacy_lines(summary) -> list[str]:
+    """The (ε, δ) the run spent; none when privacy is off."""
+    epsilon = summary.final_metrics.get("dp_epsilon")
+    if summary.dp_delta is None or epsilon is None:
+        return []
+    return [f"privacy            ε = {epsilon:.4g}, δ = {summary.dp_delta:.3g}"]
+
+
+def format_seconds(seconds: float) -> str:
+    """``93784.0`` -> ``93,784 s (1 d 2 h 3 min)``: simulated runs span hours or days."""
+    whole = int(seconds)
+    days, hours, minutes = whole // 86_400, whole % 86_400 // 3600, whole % 3600 // 60
+    parts = [f"{n} {unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "min")) if n]
+    return f"{seconds:,.0f} s" + (f" ({' '.join(parts)})" if parts else "")
+
+
+def format_bytes(count: int) -> str:
+    """``1_500_000`` -> ``1.5 MB`` (decimal units, as network traffic is counted)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from fedray.algorithms import algorithm_label, get_algorithm_class
 from fedray.algorithms.requirements import is_personalised
 from fedray.cluster.placement import WorkerPlacement
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
+from fedray.config.privacy import default_delta, population_size
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.layout import RUN_INFO_FILE, SAVED_CONFIG_FILE, STOPPED_FILE, SUMMARY_FILE, list_checkpoints
 from fedray.plugins import load_config, ship_user_modules, validate_plugins
@@ -48,6 +49,7 @@ from fedray.runtime.state_store import (
 )
 from fedray.runtime.user_code import user_callbacks
 from fedray.runtime.worker import build_algorithm
+from fedray.systems import ROW_KEYS as SYSTEM_ROW_KEYS
 from fedray.systems.compression import keeps_client_state
 from fedray.tracking import (
     Callback,
@@ -63,6 +65,8 @@ from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
 
 logger = logging.getLogger(__name__)
+#: The round row's systems-model counts a run's summary sums (:data:`fedray.systems.ROW_KEYS` but the clock).
+SYSTEMS_TOTALS = tuple(key for key in SYSTEM_ROW_KEYS if key != "sim_time")
 
 
 @dataclass
@@ -79,6 +83,11 @@ class RunSummary:
     first_round_seconds: float | None  # from the call to the end of its first round (None: no round ran)
     final_metrics: dict[str, Any]
     backend: str = "ray"  # where the workers ran: "local" (in the driver process) or "ray"
+    #: δ of the run's (ε, δ) guarantee when privacy is on (ε: ``final_metrics["dp_epsilon"]``, the accountant's after the last round)
+    dp_delta: float | None = None
+    #: the systems model's client counts and bytes summed over the rounds (selected, aggregated, dropped, late,
+    #: bytes_down, bytes_up; the simulated time is ``final_metrics["sim_time"]``): empty without the systems model
+    systems_totals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -570,7 +579,16 @@ def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first
         first_round_seconds=first_round_seconds,
         final_metrics=final,
         backend=backend,
+        dp_delta=privacy_delta(run.config),
+        systems_totals={key: sum(int(row.get(key) or 0) for row in run.history) for key in SYSTEMS_TOTALS if key in final},
     )
+
+
+def privacy_delta(config: RunConfig) -> float | None:
+    """δ of the run's privacy guarantee (the accountant's: ``privacy.delta`` or its default); None when privacy is off."""
+    if not config.privacy.enabled:
+        return None
+    return config.privacy.delta if config.privacy.delta is not None else default_delta(population_size(config))
 
 
 def resume_experiment(run_dir: str | Path, **kwargs: Any) -> RunSummary:

@@ -109,3 +109,11 @@ def test_a_budget_that_round_1_would_pass_stops_the_run_with_the_budget_line_and
         "it stopped before its first round, so nothing was kept"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_summary_and_summary_json_carry_epsilon_and_delta(private_run):
+    result, run_dir = private_run
+    delta = default_delta(POPULATION)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dp_delta"] == delta and summary["final_metrics"]["dp_epsilon"] == expected_epsilons(ROUNDS)[-1]
+    assert f"privacy            ε = {expected_epsilons(ROUNDS)[-1]:.4g}, δ = {delta:.3g}\n" in result.stdout
