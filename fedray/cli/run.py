@@ -132,7 +132,8 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
 
 
 def systems_lines(summary) -> list[str]:
-    """The systems model's results: simulated time, clients over all rounds, bytes; none without it."""
+    """The systems model's results: simulated time, clients over all rounds, bytes; none without it.
+    A run that aggregated no client in any round says so: its model is the initial one."""
     totals = summary.systems_totals
     if not totals:
         return []
@@ -141,6 +142,8 @@ def systems_lines(summary) -> list[str]:
         f"clients            {totals['aggregated']:,} aggregated of {totals['selected']:,} selected over {summary.rounds} rounds "
         f"({totals['dropped']:,} dropped, {totals['late']:,} late)"
     )
+    if totals["aggregated"] == 0:
+        lines.append("                   no client update was ever aggregated: the model is the initial one (see the warning above)")
     lines.append(f"bytes              {format_bytes(totals['bytes_down'])} down, {format_bytes(totals['bytes_up'])} up")
     return lines
 

@@ -1,6 +1,7 @@
 """Warnings the user must see, whatever shows the run: a round's non-finite updates, a client whose
-training loss blows up while staying finite, and a collapse of the evaluated accuracy (with differential
-privacy on, naming its noise as a likely cause).
+training loss blows up while staying finite, a collapse of the evaluated accuracy (with differential
+privacy on, naming its noise as a likely cause), and a run in which the systems model let no client
+update through in any round (the model is the initial one).
 
 :class:`HealthMonitor` (a default callback of every run) writes each as one ``warning: round N: ...``
 line to the ``fedray.health`` logger: on stderr in a ``--quiet`` run and in a Ray Tune trial's log, and
@@ -118,6 +119,14 @@ class HealthMonitor(Callback):
             )
         if value >= best:
             self.best[metric] = (value, round)
+
+    def on_run_end(self, run: RunContext) -> None:
+        rows = [row for row in run.history if "aggregated" in row]  # the systems model's rounds
+        if rows and not any(row["aggregated"] for row in rows):
+            logger.warning(
+                f"warning: no client update was aggregated in any of the {len(rows)} rounds (nobody was online, or every "
+                "selected client dropped out or was late): the model is the initial one; see systems.availability and systems.selection"
+            )
 
 
 def collapse_advice(config: RunConfig, noise_multiplier: float | None) -> str:

@@ -62,3 +62,19 @@ def test_a_run_without_the_systems_model_prints_none_of_its_lines(tmp_path):
 def test_simulated_time_and_bytes_read_at_a_glance():
     assert [format_seconds(s) for s in (42.4, 3600.0, 93_784.0)] == ["42 s", "3,600 s (1 h)", "93,784 s (1 d 2 h 3 min)"]
     assert [format_bytes(n) for n in (512, 1_500, 2_340_000, 7_000_000_000)] == ["512 B", "1.5 kB", "2.3 MB", "7.0 GB"]
+
+
+def test_a_run_in_which_no_client_is_ever_online_ends_with_a_warning_and_says_so(tmp_path):
+    """Documented (docs/guide/systems.md): the run ends (exit 0), but not as an ordinary one."""
+    nobody_online = [*SYSTEMS_RUN, "systems.availability.process=bernoulli", "systems.availability.probability=1e-12"]
+    result, run_dir = fedray_run(tmp_path, nobody_online)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["systems_totals"]["aggregated"] == 0
+    assert [line for line in result.stderr.splitlines() if line.startswith("warning: no client")] == [
+        "warning: no client update was aggregated in any of the 3 rounds (nobody was online, or every selected client dropped out "
+        "or was late): the model is the initial one; see systems.availability and systems.selection"
+    ]
+    assert "clients            0 aggregated of 0 selected over 3 rounds (0 dropped, 0 late)\n" in result.stdout
+    assert (
+        "                   no client update was ever aggregated: the model is the initial one (see the warning above)\n" in result.stdout
+    )

@@ -111,3 +111,26 @@ def test_a_collapse_with_differential_privacy_on_names_the_noise_multiplier(tmp_
         f"calibrated, a larger privacy.target_epsilon) or more clients per round (train.clients_per_round, now {config.train.clients_per_round}) "
         "lowers it relative to the update; else a lower train.lr (now 0.2) or a train.grad_clip may keep it stable"
     ]
+
+
+@pytest.mark.parametrize(("aggregated", "warned"), [([0, 0, 0], True), ([0, 2, 0], False)])
+def test_a_run_that_aggregated_no_client_in_any_round_is_warned_at_its_end(tmp_path, capsys, aggregated, warned):
+    run = RunContext(
+        config=load_config(None, ["systems.enabled=true"]),
+        run_dir=tmp_path,
+        data=SimpleNamespace(info=SimpleNamespace(num_classes=10)),
+        server=None,
+        start_round=0,
+    )
+    monitor = HealthMonitor()
+    for round, count in enumerate(aggregated, start=1):
+        row = {"round": round, "seconds": 1.0, "excluded_updates": 0, "selected": count, "aggregated": count, "dropped": 0, "late": 0}
+        run.history.append(row)  # as the driver does, before the callbacks
+        monitor.on_round_end(run, dict(row), [])
+    monitor.on_run_end(run)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    expected = (
+        "warning: no client update was aggregated in any of the 3 rounds (nobody was online, or every selected client dropped out "
+        "or was late): the model is the initial one; see systems.availability and systems.selection"
+    )
+    assert warnings == ([expected] if warned else [])
