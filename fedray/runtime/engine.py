@@ -215,8 +215,11 @@ class RoundEngine:
 
     def _evaluate_personalized(self, round: int, broadcast: Any) -> dict[str, float]:
         """The task's headline metric of every client's own model on its held-out split, pooled over
-        the clients (``personal_accuracy``: total correct / total), and its spread over them: std,
-        worst (the lowest accuracy, the highest RMSE or perplexity) and the mean of the clients' values."""
+        the clients (``personal_accuracy``: total correct / total), and its distribution over them:
+        ``_std`` (population std, ddof=0), ``_worst`` (the lowest accuracy, the highest RMSE or
+        perplexity), ``_p10`` (the value 10 % of the clients are worse than: the 10th percentile of a
+        metric where higher is better, the 90th of one where lower is better; numpy's linear
+        interpolation), ``_median`` and ``_client_mean`` (the unweighted mean of the clients' values)."""
         assert self.client_test_sizes is not None
         task = self.algorithm.task
         clients = np.flatnonzero(self.client_test_sizes > 0)
@@ -230,6 +233,8 @@ class RoundEngine:
             f"{key}_std": float(values.std()),
             f"{key}_worst": float(values.min() if task.mode == "max" else values.max()),
             f"{key}_client_mean": float(values.mean()),
+            f"{key}_p10": float(np.percentile(values, 10 if task.mode == "max" else 90)),
+            f"{key}_median": float(np.median(values)),
         }
 
     # ------------------------------------------------------------------ checkpoints
