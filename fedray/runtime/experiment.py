@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 from ray.exceptions import RayActorError
@@ -28,7 +28,7 @@ from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.config.privacy import default_delta, population_size
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.layout import RUN_INFO_FILE, SAVED_CONFIG_FILE, STOPPED_FILE, SUMMARY_FILE, list_checkpoints
-from fedray.plugins import load_config, ship_user_modules, validate_plugins
+from fedray.plugins import build_config, load_config, ship_user_modules, validate_plugins
 from fedray.runtime.checkpoint import load_latest_checkpoint, save_checkpoint
 from fedray.runtime.errors import RunError, RunInterrupted, TrainingDiverged, UserCodeError, first_line, innermost_cause
 from fedray.runtime.engine import RoundEngine
@@ -339,7 +339,7 @@ def server_scheduling(group: PlacementGroup, first_worker_bundle: int) -> Any:
 
 
 def run_experiment(
-    config: RunConfig,
+    config: RunConfig | Mapping[str, Any],
     *,
     run_dir: str | Path | None = None,
     resume: bool = False,
@@ -357,9 +357,16 @@ def run_experiment(
     caller that already holds a placement group (a Ray Tune trial) pass it with the index of the first
     worker bundle; otherwise one is reserved here. ``warm``: a server (and dataset) kept by such a
     caller from its previous run with the same resources in that group, see :class:`WarmServer`. Both
-    imply Ray.
+    imply Ray. ``config`` may be a plain mapping of sections, validated as :func:`fedray.build_config` does.
     """
     started = time.perf_counter()
+    if isinstance(config, Mapping):  # a notebook's dict: validated, a bad key is a ConfigError naming it
+        config = build_config(dict(config))
+    elif not isinstance(config, RunConfig):
+        raise TypeError(
+            f"run_experiment takes a RunConfig or a mapping of config sections, not a {type(config).__name__}; "
+            "fedray.load_config(path) reads a YAML file"
+        )
     config = with_absolute_state_dir(validate_plugins(config))
     check_address(address)
     on_ray = placement is not None or warm is not None or uses_ray(config.resources, address)
