@@ -26,6 +26,10 @@ class FedModel(nn.Module):
     projector: nn.Module | None
     feature_dim: int
     tap_names: tuple[str, ...]
+    # State-dict keys of parameters that stay at the values they were built with (model.freeze, an
+    # adapted model's base weights): left out of the flat layout (fedray.models.weights), so no
+    # algorithm broadcasts, uploads or aggregates them. An attribute, so that deep copies keep it.
+    frozen_keys: frozenset[str] = frozenset()
 
     def encode_with_taps(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Features ``[B, feature_dim]`` and the intermediate maps named by ``tap_names``, in order
