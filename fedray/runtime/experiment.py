@@ -129,9 +129,10 @@ def default_callbacks(config: RunConfig, progress: bool, on_ray: bool = True) ->
 def new_run_dir(config: RunConfig) -> Path:
     """The directory of a new run: ``output.dir/output.name``, which must not exist yet (a second run
     would mix its checkpoints and metrics with the first's), or ``output.dir/<algorithm>-<dataset>-<time>``
-    with a numeric suffix if that exists."""
+    with a numeric suffix if that exists (a user's ``package.module:Name`` dataset as ``package.module.Name``)."""
     label = algorithm_label(config.algorithm.name)  # a plug-in's `name`, not its module:Class reference
-    name = config.output.name or f"{label}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    dataset = config.data.name.replace(":", ".")  # package.module:Name: no ':' in a path (Windows, scp, PATH-like lists)
+    name = config.output.name or f"{label}-{dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     root = staging_root(config.output) if is_uri(config.output.dir) else Path(config.output.dir)
     existing = next(path for path in (root, *root.absolute().parents) if path.exists())
     if not existing.is_dir():
