@@ -16,7 +16,9 @@ name           architecture                                         feature_dim
 
 or a model from outside fedray: ``torchvision:NAME`` or the user's ``package.module:Name``, wrapped
 into a :class:`FedModel` (:mod:`fedray.models.external`, :mod:`fedray.models.wrap`). ``model.init``
-loads starting weights into any of them.
+loads starting weights into any of them (``model.init_strict: false``: those that fit), and
+``model.freeze`` keeps parameters at those weights, out of the flat layout every algorithm
+exchanges (:mod:`fedray.models.freeze`).
 
 ``model.width`` applies to the CNNs only and ``model.norm`` to the ResNets only (the CNNs have no
 normalisation layers). ``model.projection_dim`` adds :func:`projection_head` as ``projector``.
@@ -35,9 +37,10 @@ from fedray.models.base import FedModel
 from fedray.models.char_lstm import CharLSTM
 from fedray.models.cnn import CifarCNN, SmallCNN
 from fedray.models.external import build_external_model, load_initial_weights
+from fedray.models.freeze import freeze_parameters
 from fedray.models.mlp import MLP
 from fedray.models.resnet import ResNet, resnet8, resnet10, resnet18
-from fedray.models.weights import get_flat_weights, num_flat_weights, set_flat_weights, state_keys
+from fedray.models.weights import get_flat_weights, num_flat_weights, parameter_counts, set_flat_weights, state_keys
 
 if TYPE_CHECKING:
     from fedray.config.schema import ModelConfig
@@ -71,24 +74,25 @@ def build_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
     """The model named by ``cfg.name`` for ``info``'s channels, image size and class count (a built-in
     one, or ``torchvision:NAME`` / ``package.module:Name``: :mod:`fedray.models.external`), with a
     :func:`projection_head` as ``projector`` when ``cfg.projection_dim`` is set, starting from the
-    weights in ``cfg.init`` when that is set."""
+    weights in ``cfg.init`` when that is set, its ``cfg.freeze`` parameters frozen."""
+    loaded: set[str] | None = set()  # the state-dict keys read from a file: what may be frozen
     if is_reference(cfg.name):  # torchvision:NAME or package.module:Name
-        return _with_head_and_init(build_external_model(cfg, info), cfg)
-    try:
-        builder = _BUILDERS[cfg.name]
-    except KeyError:
-        raise ValueError(f"unknown model {cfg.name!r}; choose one of {MODEL_NAMES}") from None
-    modalities = _INPUT_MODALITIES.get(cfg.name, ("image",))
-    if info.modality not in modalities:
-        raise ValueError(f"{cfg.name} takes {' or '.join(modalities)} input, not {info.modality}")
-    return _with_head_and_init(builder(cfg, info), cfg)
-
-
-def _with_head_and_init(model: FedModel, cfg: ModelConfig) -> FedModel:
+        model = build_external_model(cfg, info)
+    else:
+        try:
+            builder = _BUILDERS[cfg.name]
+        except KeyError:
+            raise ValueError(f"unknown model {cfg.name!r}; choose one of {MODEL_NAMES}") from None
+        modalities = _INPUT_MODALITIES.get(cfg.name, ("image",))
+        if info.modality not in modalities:
+            raise ValueError(f"{cfg.name} takes {' or '.join(modalities)} input, not {info.modality}")
+        model = builder(cfg, info)
     if cfg.projection_dim is not None:
         model.projector = projection_head(model.feature_dim, cfg.projection_dim)
     if cfg.init is not None:
-        load_initial_weights(model, cfg.init)
+        from_init = load_initial_weights(model, cfg.init, cfg.init_strict)
+        loaded = None if loaded is None or from_init is None else loaded | from_init
+    freeze_parameters(model, cfg.freeze, loaded)
     return model
 
 
@@ -113,6 +117,7 @@ __all__ = [
     "forward_flops",
     "get_flat_weights",
     "num_flat_weights",
+    "parameter_counts",
     "projection_head",
     "resnet10",
     "resnet18",

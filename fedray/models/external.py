@@ -25,7 +25,10 @@ the model (no parameters), other channel counts are refused.
 Hetero-SSFL client's, start from it). Its keys are either the built model's (``encoder.…``,
 ``classifier.…``) or, for a wrapped module, the module's own (``fc.weight``); ``projector.`` entries
 may be missing (the projection head fedray adds keeps its random initialisation). The file must be
-readable at the same (absolute) path on every node that builds models.
+readable at the same (absolute) path on every node that builds models. ``model.init_strict: false``
+loads only the entries whose names and shapes match (a backbone trained elsewhere, e.g. torchvision's
+ImageNet weights saved to a file, under a head sized for this data) and lists every other one in one
+warning; a file that matches nothing is still an error.
 
 Every failure is a :class:`~fedray.config.ConfigError` naming the key, raised while
 :func:`fedray.runtime.experiment.prepare_data` builds the model, before Ray starts.
@@ -33,7 +36,9 @@ Every failure is a :class:`~fedray.config.ConfigError` naming the key, raised wh
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -50,6 +55,8 @@ from fedray.models.wrap import WrappedModule
 if TYPE_CHECKING:
     from fedray.config.schema import ModelConfig
     from fedray.data.base import DatasetInfo
+
+logger = logging.getLogger(__name__)
 
 
 def model_factory(name: str) -> Callable[..., nn.Module]:
@@ -107,7 +114,8 @@ def build_external_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
         if "weights" in cfg.kwargs:
             raise ConfigError(
                 "model.kwargs",
-                "weights: fedray builds torchvision models untrained (no download); load a state_dict with model.init",
+                "weights: fedray builds torchvision models untrained (no download); load a state_dict with model.init "
+                "(model.init_strict: false for a head of another size)",
             )
         arguments = {"num_classes": info.num_classes, **cfg.kwargs, "weights": None}
         grey_to_rgb = info.channels == 1
@@ -131,14 +139,15 @@ def build_external_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
         raise ConfigError("model.name" if cfg.classifier is None else "model.classifier", str(error)) from None
 
 
-def load_initial_weights(model: FedModel, path: str) -> None:
-    """Load the ``model.init`` state dict at ``path`` into ``model`` (see the module docstring); raises
-    :class:`ConfigError` naming ``model.init`` for a missing or unreadable file and for missing,
-    unexpected or differently shaped entries. A shapes-only model (built under
-    ``torch.device("meta")``) holds no weights and is left as it is."""
+def load_initial_weights(model: FedModel, path: str, strict: bool = True) -> set[str] | None:
+    """Load the ``model.init`` state dict at ``path`` into ``model`` (see the module docstring) and
+    return the keys (``model.state_dict()``'s names) it loaded. Raises :class:`ConfigError` naming
+    ``model.init`` for a missing or unreadable file and, when ``strict``, for missing, unexpected or
+    differently shaped entries (else only when no entry fits). A shapes-only model (built under
+    ``torch.device("meta")``) holds no weights and is left as it is (``None``: nothing was read)."""
     expected = model.state_dict()
     if any(value.is_meta for value in expected.values()):
-        return
+        return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -158,12 +167,39 @@ def load_initial_weights(model: FedModel, path: str) -> None:
         for key in state
         if key in expected and state[key].shape != expected[key].shape
     ]
-    problems = [
-        f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape of", mismatched)) if keys
-    ]
-    if problems:
-        raise ConfigError("model.init", f"{path} does not fit model {type(model).__name__}: " + "; ".join(problems))
-    model.load_state_dict(state, strict=False)
+    fitting = {key: value for key, value in state.items() if key in expected and value.shape == expected[key].shape}
+    if strict:
+        problems = [
+            f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape of", mismatched)) if keys
+        ]
+        if problems:
+            raise ConfigError(
+                "model.init",
+                f"{path} does not fit model {type(model).__name__}: " + "; ".join(problems) + " (model.init_strict: false loads what fits)",
+            )
+    elif not fitting:
+        raise ConfigError(
+            "model.init",
+            f"{path} matches no entry of model {type(model).__name__} by name and shape (its keys: {_some(list(state))}; "
+            f"the model's: {_some(list(expected))})",
+        )
+    else:
+        skipped = [
+            f"{label}: {', '.join(keys)}"
+            for label, keys in (("not in the file", missing), ("not in the model", unexpected), ("other shape", mismatched))
+            if keys
+        ]
+        if skipped:
+            warn_once(f"model.init {path}: loaded {len(fitting)} of the model's {len(expected)} entries; skipped " + "; ".join(skipped))
+    model.load_state_dict(fitting, strict=False)
+    return set(fitting)
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """Log ``message`` once per process: every model fedray builds (the server's, each worker's, the
+    checks') reads the same files, and what they lack is one fact, said once."""
+    logger.warning(message)
 
 
 def _some(items: list[str], limit: int = 3) -> str:
