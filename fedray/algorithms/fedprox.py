@@ -7,10 +7,12 @@ optimizer (``algorithm.server_optimizer``, :mod:`fedray.algorithms.server_optimi
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from pydantic import Field
 
-from fedray.algorithms.base import Broadcast, ClientContext
+from fedray.algorithms.base import Broadcast, ClientContext, Tensor
 from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.algorithms.local import LossFn
 from fedray.algorithms.losses import proximal_term
@@ -24,6 +26,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
     params: FedProxParams
+    vectorizable: ClassVar[bool] = True  # its own vectorized_loss (train.vectorize)
 
     def local_loss(self, ctx: ClientContext, broadcast: Broadcast) -> LossFn:
         model, mu = ctx.model, self.params.mu
@@ -35,3 +38,11 @@ class FedProx(FedAvg):
             return base + 0.5 * mu * proximal, {self.task.loss_term: base.detach(), "proximal": proximal.detach()}
 
         return loss_fn
+
+    def vectorized_loss(
+        self, base: Tensor, params: dict[str, Tensor], start: dict[str, Tensor], inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`local_loss`'s objective for the vectorised loop: the proximal term of the client's
+        parameters to the broadcast ones (``start``), a pure function of both."""
+        proximal = proximal_term(params.values(), start.values())
+        return base + 0.5 * self.params.mu * proximal, {self.task.loss_term: base, "proximal": proximal}

@@ -3,7 +3,8 @@
 ``data.name: imagefolder`` reads torchvision's ``ImageFolder`` layout under ``data.path``: one
 folder per class (class index = position of its name in sorted order), either in ``train/`` and
 ``test/`` subfolders or as one tree that a seeded ``data.test_fraction`` split divides
-(``data.test_path`` names a separate test folder). Files without an image extension are skipped.
+(``data.test_path`` names a separate test folder). Files without an image extension are skipped, and
+so are links to folders inside a class folder (:func:`image_files`).
 
 ``data.name: table`` reads the ``.parquet`` or ``.csv`` file ``data.path`` (and ``data.test_path``,
 with the same columns) with pyarrow, or a Hugging Face ``datasets`` dataset saved with
@@ -190,7 +191,7 @@ def decode_images(sources: list[str | bytes], image_size: int | None, describe: 
 
 def load_image_folder(cfg: DataConfig) -> UserData:
     """``data.name: imagefolder`` (see the module docstring)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
     if cfg.client_column is not None:
         raise ConfigError(
@@ -209,14 +210,14 @@ def load_image_folder(cfg: DataConfig) -> UserData:
         classes, class_to_idx = find_classes(str(train_dir))
     except FileNotFoundError as error:
         raise ConfigError("data.path", f"{train_dir} has no class folders ({error})", within=None) from None
-    splits = {"train": make_dataset(str(train_dir), class_to_idx, IMG_EXTENSIONS, allow_empty=True)}
+    splits = {"train": image_files(train_dir, class_to_idx, IMG_EXTENSIONS)}
     if test_dir is not None:
         unknown = sorted({entry.name for entry in test_dir.iterdir() if entry.is_dir()} - set(classes))
         if unknown:
             raise ConfigError(
                 "data.test_path", f"the class folder(s) {', '.join(unknown)} of {test_dir} are not in {train_dir}", within=None
             )
-        splits["test"] = make_dataset(str(test_dir), class_to_idx, IMG_EXTENSIONS, allow_empty=True)
+        splits["test"] = image_files(test_dir, class_to_idx, IMG_EXTENSIONS)
     for split, samples in splits.items():
         if not samples:
             raise ConfigError(
@@ -239,6 +240,30 @@ def load_image_folder(cfg: DataConfig) -> UserData:
     arrays = cached_arrays(Path(cfg.root) / "cache", "imagefolder", {"files": stamps, "image_size": cfg.image_size}, decode)
     data = UserData(arrays["x_train"], arrays["y_train"], arrays.get("x_test"), arrays.get("y_test"), num_classes=len(classes))
     return checked_user_data(data, f"data.path={cfg.path}")
+
+
+def image_files(directory: Path, class_to_idx: dict[str, int], extensions: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(path, class index) of every image file under the class folders of ``directory``, in the order
+    of torchvision's ``make_dataset``, but without entering a link to a folder inside a class folder:
+    torchvision follows them, so a link to an ancestor (``cats/loop -> ..``) is walked dozens of levels
+    deep and every image under it read again at each level (as ``fedray submit`` leaves such links out
+    of an upload). A class folder that is itself a link is read, unless it leads to ``directory`` or
+    above it. The folders left out are logged."""
+    root = directory.resolve()
+    samples, skipped = [], []
+    for name, index in sorted(class_to_idx.items()):
+        class_dir = directory / name
+        if class_dir.is_symlink() and root.is_relative_to(class_dir.resolve()):
+            skipped.append(f"{class_dir} -> {os.readlink(class_dir)}")
+            continue
+        for folder, subfolders, files in sorted(os.walk(class_dir)):  # os.walk enters no link to a folder
+            skipped.extend(
+                f"{Path(folder, sub)} -> {os.readlink(Path(folder, sub))}" for sub in subfolders if Path(folder, sub).is_symlink()
+            )
+            samples.extend((str(Path(folder, file)), index) for file in sorted(files) if file.lower().endswith(extensions))
+    if skipped:
+        logger.warning("left out %d link(s) to folders under %s: %s", len(skipped), directory, "; ".join(skipped[:5]))
+    return samples
 
 
 def existing_path(value: str | None, key: str, name: str, directory: bool = False) -> Path:

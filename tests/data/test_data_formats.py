@@ -69,6 +69,26 @@ def test_image_folder_one_tree_is_split_by_test_fraction_and_resized(tmp_path: P
     np.testing.assert_array_equal(again_train.x, train.x)
 
 
+def test_image_folder_links_to_folders_are_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pets = tmp_path / "pets"
+    write_image_folder(pets, {"a": 2, "b": 3})
+    (pets / "a" / "nested").mkdir()
+    colour_image(0, 9).save(pets / "a" / "nested" / "deep.png")  # a real subfolder is read
+    os.symlink("..", pets / "a" / "loop")  # a cycle: torchvision walks it ~40 levels deep
+    os.symlink("../a", pets / "b" / "sibling")  # would read a's images again as b's
+    outside = tmp_path / "elsewhere" / "c"
+    write_image_folder(outside.parent, {"c": 1})
+    os.symlink(outside, pets / "c")  # a class folder that is a link elsewhere is a class
+    os.symlink(".", pets / "everything")  # a class folder that is a link to the tree itself is not
+    cfg = DataConfig(name="imagefolder", path=str(pets), root=str(tmp_path / "data"), test_fraction=0.2, num_clients=2)
+    with caplog.at_level("WARNING", logger="fedray.data.formats"):
+        train, test, info = load_dataset(cfg, seed=0)
+    assert len(train) + len(test) == 2 + 1 + 3 + 1
+    assert sorted(np.concatenate([train.y, test.y]).tolist()) == [0, 0, 0, 1, 1, 1, 2]
+    assert info.num_classes == 4  # a, b, c and the folder "everything", which holds nothing read
+    assert "left out 3 link(s) to folders" in caplog.text and "loop -> .." in caplog.text and "sibling -> ../a" in caplog.text
+
+
 def test_decoded_images_are_cached_and_the_second_load_does_not_decode(tmp_path: Path) -> None:
     write_image_folder(tmp_path / "pics", {"a": 4, "b": 4})
     cfg = DataConfig(name="imagefolder", path=str(tmp_path / "pics"), root=str(tmp_path / "data"), num_clients=2)

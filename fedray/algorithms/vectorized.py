@@ -1,0 +1,412 @@
+"""Vectorised local training: a worker's clients that share an architecture trained as one batched
+computation (``train.vectorize``), with :mod:`torch.func` (``functional_call``, ``vmap``,
+``grad_and_value``) on parameters and SGD state stacked over the group's clients.
+
+The maths is the loop's (:func:`fedray.algorithms.local.local_train` with
+:class:`~fedray.algorithms.local.ClientSGD`), client by client:
+
+- **Batches.** Each client draws its batches from its own seeded generator, in the loop's order:
+  ``ClientContext.batches`` itself is iterated for every client, one batch a step (with the
+  ``none`` augmentation, which draws nothing, the same ``torch.randperm`` draws are made up front
+  and the group's batches gathered and normalised in one indexing operation a step).
+- **Lockstep.** Step ``t`` trains every client that has a ``t``-th batch; a client with fewer
+  batches is masked after its last one: the group is ordered by step count, longest first, so the
+  clients still training are a prefix of the stacked tensors, and a step computes and writes that
+  prefix only (the others' parameters, momentum and loss sums stop changing, at no cost).
+- **Partial batches.** Batches are padded to ``train.batch_size``. A step where some client's batch
+  is partial computes each sample's loss (``task.loss`` of that sample alone, under an inner
+  ``vmap``) and their sum weighted by ``1/n_real`` (0 for padding): the mean over the real samples,
+  so its gradient is the loop's. Steps where every trained client has a full batch call
+  ``task.loss`` on the batch, as the loop does. This needs a task whose loss is the mean of its
+  samples' losses (classification, regression, multilabel; not language modelling, whose mean is
+  over counted tokens).
+- **SGD.** ``g ← clip(g)`` (per client: the norm over all of that client's gradients, as
+  ``clip_grad_norm_``), ``g ← g + λw``, ``b ← g`` at the first step then ``b ← μb + g``,
+  ``w ← w − η b``: ``torch.optim.SGD``'s single-tensor update on stacked tensors.
+
+Equivalence: the same maths, not the same bits. Batched kernels (``bmm`` for a stack of
+``Linear`` layers, grouped convolutions for a stack of ``Conv2d``) sum in another order than the
+loop's per-client kernels, so weights differ from the loop's by float32 rounding, which SGD carries
+from step to step: ``tests/runtime/test_vectorized.py`` checks one round's uploads against the loop
+with ``rtol=1e-5, atol=1e-6``. A vectorised run is itself deterministic.
+
+What runs as a loop instead (:func:`loop_reason`; ``train.vectorize: on`` refuses the run with that
+reason, ``auto`` trains with the loop and says so once): an algorithm that does not declare
+``vectorizable`` (or a subclass that overrides its client step), ``train.optimizer=adam``, a task
+whose loss is not a mean over samples, and models with float buffers (BatchNorm: running
+statistics per client are not kept), dropout (the loop draws its masks from torch's global RNG,
+seeded per client), recurrent layers (``vmap`` does not batch them) or frozen parameters.
+
+**An algorithm opts in** with ``vectorizable = True`` and four pure hooks (FedAvg's are the
+defaults; FedProx overrides :meth:`vectorized_loss`):
+
+- ``vectorized_start(broadcast) -> flat``: the flat weights every client starts from;
+- ``vectorized_inputs(ctx, broadcast) -> dict[str, Tensor]``: per-client tensors the loss reads
+  (stacked over the group: SCAFFOLD's ``c − c_i``, FedDyn's gradient of its linear term);
+- ``vectorized_loss(base, params, start, inputs) -> (loss, terms)``: one client's objective of a
+  batch from its mean base loss ``base``, its parameters (a dict of tensors), the start parameters
+  and its inputs; a pure tensor function (it runs under ``vmap`` and ``grad``); ``terms`` are the
+  loss terms reported beside ``train_loss``, as the loop's ``loss_fn`` returns them;
+- ``vectorized_update(ctx, broadcast, flat, metrics, inputs) -> ClientUpdate``: the client's update
+  from its trained flat weights (then the worker's upload path, as for the loop).
+
+The declaration is checked per class: a subclass that overrides ``client_update``, ``local_loss``,
+``model_key``, ``build_model`` or one of the hooks is not vectorised unless it declares
+``vectorizable`` itself.
+
+Group size: ``resources.vectorize_group``, or :func:`automatic_group_size`, a memory estimate (per
+client: the parameters stacked five times, for weights, gradients, momentum and the update's
+temporaries, plus ``train.batch_size`` × (the model's per-sample activations four times, for the
+forward pass, the saved activations, their gradients and the per-sample loss, plus the input))
+against :func:`memory_budget` (an eighth of the machine's memory on CPU, half of the worker's share
+of the GPU's), capped at :data:`MAX_AUTOMATIC_GROUP`. A group that still runs out of memory is
+halved and trained again from fresh contexts (the same seeded draws).
+
+Which clients share a group (the group size, the worker count) can change a CNN's weights within
+the tolerance above: a grouped convolution's kernel depends on its number of groups. An MLP's
+client gives the same bits in any group. A run with the same config on the same machine groups its
+clients the same way and repeats bit for bit (unless a group ran out of memory and was halved).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+
+from fedray.algorithms.base import ClientContext, ClientUpdate, Tensor
+from fedray.config import ConfigError, RunConfig
+from fedray.data import get_augmentation
+from fedray.models.weights import state_keys
+from fedray.tasks import Classification, Multilabel, Regression
+
+if TYPE_CHECKING:
+    from fedray.algorithms.base import Algorithm, Broadcast
+
+#: What :func:`vectorized_path` returns for a run that trains its clients vectorised.
+VECTORIZED = "vectorized"
+#: The methods a subclass of a ``vectorizable`` class must not override without declaring ``vectorizable`` itself.
+CLIENT_METHODS = (
+    "client_update",
+    "local_loss",
+    "model_key",
+    "build_model",
+    "vectorized_start",
+    "vectorized_inputs",
+    "vectorized_loss",
+    "vectorized_update",
+)
+#: Task losses that are the mean of their samples' losses (what padding a partial batch needs).
+PER_SAMPLE_MEAN_LOSSES = (Classification.loss, Regression.loss, Multilabel.loss)
+#: The largest group :func:`automatic_group_size` chooses (``resources.vectorize_group`` may set more).
+MAX_AUTOMATIC_GROUP = 256
+#: Copies of the parameters each client of a group holds at once (weights, gradients, momentum,
+#: the update's temporaries), and of its activations (forward, saved, gradients, per-sample loss).
+PARAMETER_COPIES, ACTIVATION_COPIES = 5, 4
+
+
+# --------------------------------------------------------------------- which path
+
+
+def algorithm_reason(cls: type[Algorithm]) -> str | None:
+    """Why ``cls`` cannot be vectorised (None: it can)."""
+    label = cls.name or cls.__name__
+    owner = next((klass for klass in cls.__mro__ if "vectorizable" in vars(klass)), None)
+    if owner is None or not owner.vectorizable:  # type: ignore[attr-defined]
+        return f"algorithm {label} does not declare vectorizable (its client update is not written as pure batched functions)"
+    for method in CLIENT_METHODS:
+        if getattr(cls, method, None) is not getattr(owner, method, None):
+            return (
+                f"algorithm {label} overrides {method} of {owner.__name__} and does not declare vectorizable itself "
+                "(its client step may differ from the vectorised one)"
+            )
+    return None
+
+
+def config_reason(config: RunConfig, algorithm: Algorithm) -> str | None:
+    """Why ``config``'s training cannot be vectorised (None: it can)."""
+    if config.train.optimizer != "sgd":
+        return f"train.optimizer={config.train.optimizer} (the vectorised loop steps SGD only)"
+    loss = getattr(type(algorithm.task), "loss", None)
+    if loss not in PER_SAMPLE_MEAN_LOSSES:
+        return f"data.task={config.data.task}: its loss is not a mean over samples, which padding a partial batch needs"
+    return None
+
+
+def model_reason(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be trained under ``vmap`` with the loop's maths (None: it can)."""
+    label = type(model).__name__
+    for name, module in model.named_modules():
+        where = f" ({name})" if name else ""
+        if isinstance(module, _BatchNorm):
+            return f"model {label} has BatchNorm{where}, whose running statistics per client are not kept vectorised"
+        if isinstance(module, _DropoutNd) and module.p > 0:
+            return f"model {label} has dropout{where}, whose masks the loop draws from torch's global RNG, seeded per client"
+        if isinstance(module, nn.RNNBase):
+            return f"model {label} has a recurrent layer{where}, which torch.func.vmap does not batch"
+    buffers = [name for name, buffer in model.named_buffers() if buffer.is_floating_point()]
+    if buffers:
+        return f"model {label} has float buffers ({buffers[0]}), which the vectorised loop does not keep per client"
+    if getattr(model, "frozen_keys", None) or not all(p.requires_grad for p in model.parameters()):
+        return f"model {label} has frozen parameters (model.freeze / model.adapters)"
+    if state_keys(model) != [name for name, _ in model.named_parameters()]:
+        return f"model {label}'s flat weights are not its parameters"
+    return None
+
+
+def loop_reason(config: RunConfig, algorithm: Algorithm, model: nn.Module | None = None) -> str | None:
+    """Why a run trains its clients as a loop (None: vectorised): ``train.vectorize=off``, or the
+    algorithm's, the config's or (when given) the model's reason."""
+    if config.train.vectorize == "off":
+        return "train.vectorize=off"
+    reason = algorithm_reason(type(algorithm)) or config_reason(config, algorithm)
+    if reason is None and model is not None:
+        reason = model_reason(model)
+    return reason
+
+
+def vectorized_path(config: RunConfig, algorithm: Algorithm, model: nn.Module) -> str:
+    """``"vectorized"``, or ``"loop: <reason>"``: how the workers of a run train its clients
+    (``model``: the algorithm's built model, e.g. for ``run_info.json``)."""
+    reason = loop_reason(config, algorithm, model)
+    return VECTORIZED if reason is None else f"loop: {reason}"
+
+
+def check_vectorizable(config: RunConfig, algorithm: Algorithm, model: nn.Module | None = None) -> None:
+    """``train.vectorize=on`` for a run that cannot be vectorised: a :class:`ConfigError` naming why."""
+    if config.train.vectorize != "on":
+        return
+    reason = loop_reason(config, algorithm, model)
+    if reason is not None:
+        raise refusal(reason)
+
+
+def refusal(reason: str) -> ConfigError:
+    """The error of ``train.vectorize=on`` for a run that trains as a loop because of ``reason``."""
+    return ConfigError("train.vectorize", f"on, but {reason}; use train.vectorize=auto (the loop where it cannot) or off")
+
+
+# --------------------------------------------------------------------- group size
+
+
+def activation_floats(model: nn.Module, sample: Tensor) -> int:
+    """Floats of the outputs of every leaf module of ``model`` on one ``sample`` (a batch of 1)."""
+    total = 0
+
+    def count(module: nn.Module, inputs: Any, output: Any) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel()
+
+    hooks = [module.register_forward_hook(count) for module in model.modules() if not list(module.children())]
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(total, 1)
+
+
+def memory_budget(device: torch.device, gpu_share: float) -> int:
+    """Bytes a group may use: half of the worker's share of the GPU's memory (``gpu_share``:
+    ``resources.gpus_per_worker``), an eighth of the machine's memory on CPU (its workers share it).
+    Total memory, not free memory: the same config on the same machine groups its clients the same
+    way, so that a run repeats bit for bit."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return int(total * (gpu_share if gpu_share > 0 else 1.0)) // 2
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+def client_bytes(model: nn.Module, sample: Tensor, batch_size: int) -> int:
+    """The estimated bytes one client of a group needs (see the module's docstring)."""
+    parameters = sum(p.numel() for p in model.parameters())
+    activations = activation_floats(model, sample)
+    inputs = sample.numel()
+    return 4 * (PARAMETER_COPIES * parameters + batch_size * (ACTIVATION_COPIES * activations + inputs))
+
+
+def automatic_group_size(model: nn.Module, sample: Tensor, batch_size: int, device: torch.device, gpu_share: float = 0.0) -> int:
+    """Clients per group when ``resources.vectorize_group`` is not set: what fits the memory
+    estimate, at least 1 and at most :data:`MAX_AUTOMATIC_GROUP`."""
+    return max(1, min(MAX_AUTOMATIC_GROUP, memory_budget(device, gpu_share) // client_bytes(model, sample, batch_size)))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (a GPU's, or the CPU allocator's)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+# --------------------------------------------------------------------- training
+
+
+@dataclass
+class Step:
+    """One lockstep step of a group whose clients are ordered by descending step count: the first
+    ``len(x)`` clients train (those that have a batch left), the others have stopped."""
+
+    x: Tensor  # [A, B, ...] normalised, augmented, zero-padded (A: the clients still training)
+    y: Tensor  # [A, B, ...]
+    weights: Tensor  # [A, B] float32: 1/n_real at real samples, 0 at padding
+    full: bool  # every batch of the step is full
+
+
+def _steps_from_batches(contexts: list[ClientContext], counts: list[int], batch_size: int, device: torch.device) -> Iterator[Step]:
+    """Each client's own ``ctx.batches()``, one batch a step, stacked and padded."""
+    iterators = [ctx.batches() for ctx in contexts]
+    for step in range(counts[0]):
+        active = sum(count > step for count in counts)
+        batches = [next(iterator) for iterator in iterators[:active]]
+        x0, y0 = batches[0]
+        x = x0.new_zeros((active, batch_size, *x0.shape[1:]))
+        y = y0.new_zeros((active, batch_size, *y0.shape[1:]))
+        for k, (xb, yb) in enumerate(batches):
+            x[k, : xb.shape[0]] = xb
+            y[k, : yb.shape[0]] = yb
+        yield _step(x, y, [int(yb.shape[0]) for _, yb in batches], batch_size, device)
+
+
+def _steps_from_indices(contexts: list[ClientContext], counts: list[int], batch_size: int, device: torch.device) -> Iterator[Step]:
+    """The same batches as :func:`_steps_from_batches` for the ``none`` augmentation, which draws
+    nothing: each client's ``torch.randperm`` per epoch is drawn up front from its generator, in the
+    loop's order, and every step gathers and normalises the whole group's batch at once."""
+    group, epochs = len(contexts), contexts[0].train.local_epochs
+    x_all = torch.cat([ctx.x for ctx in contexts])
+    y_all = torch.cat([ctx.y for ctx in contexts])
+    index = torch.zeros(group, counts[0], batch_size, dtype=torch.long)
+    sizes = torch.zeros(group, counts[0], dtype=torch.long)
+    offset = 0
+    for k, ctx in enumerate(contexts):
+        n, step = ctx.num_samples, 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=ctx.generator) + offset
+            for start in range(0, n, batch_size):
+                batch = order[start : start + batch_size]
+                index[k, step, : batch.shape[0]] = batch
+                index[k, step, batch.shape[0] :] = offset  # padding: the client's first sample, weighted 0
+                sizes[k, step] = batch.shape[0]
+                step += 1
+        offset += n
+    index = index.to(device)
+    info = contexts[0].info
+    for step in range(counts[0]):
+        active = sum(count > step for count in counts)
+        rows = index[:active, step].reshape(-1)
+        x = info.normalize(x_all[rows]).reshape(active, batch_size, *x_all.shape[1:])
+        y = y_all[rows].reshape(active, batch_size, *y_all.shape[1:])
+        yield _step(x, y, sizes[:active, step].tolist(), batch_size, device)
+
+
+def _step(x: Tensor, y: Tensor, sizes: list[int], batch_size: int, device: torch.device) -> Step:
+    sizes_t = torch.tensor(sizes, dtype=torch.float32)
+    real = torch.arange(batch_size, dtype=torch.float32)[None, :] < sizes_t[:, None]
+    weights = torch.where(real, 1.0 / sizes_t[:, None], 0.0)
+    return Step(x, y, weights.to(device), all(size == batch_size for size in sizes))
+
+
+def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool) -> Callable[..., tuple[Tensor, tuple[Tensor, dict[str, Tensor]]]]:
+    """One client's ``(loss, (loss, terms))`` of a batch as a function of its parameters: the
+    function ``grad_and_value`` differentiates and ``vmap`` maps over the group."""
+    task = algorithm.task
+
+    def sample_loss(output: Tensor, target: Tensor) -> Tensor:
+        return task.loss(output.unsqueeze(0), target.unsqueeze(0))
+
+    def objective(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor, start: dict[str, Tensor], inputs: dict[str, Tensor]):
+        output = functional_call(model, params, (x,))
+        base = (vmap(sample_loss)(output, y) * w).sum() if weighted else task.loss(output, y)
+        loss, terms = algorithm.vectorized_loss(base, params, start, inputs)  # type: ignore[attr-defined]
+        return loss, (loss.detach(), {name: value.detach() for name, value in terms.items()})
+
+    return objective
+
+
+def num_steps(ctx: ClientContext) -> int:
+    """The batches ``ctx.batches()`` yields: ``train.local_epochs · ⌈n / train.batch_size⌉``."""
+    return ctx.train.local_epochs * math.ceil(ctx.num_samples / ctx.train.batch_size)
+
+
+def _per_client(values: Tensor, like: Tensor) -> Tensor:
+    """``values`` ``[A]`` shaped to broadcast against ``like`` ``[A, ...]``."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+def train_group(algorithm: Algorithm, contexts: list[ClientContext], broadcast: Broadcast) -> list[ClientUpdate]:
+    """Train ``contexts`` (clients of one round sharing ``contexts[0].model``'s architecture) in
+    lockstep and return each client's :class:`ClientUpdate`, in order (see the module's docstring).
+
+    The clients are trained in the order of their step counts, the longest first, so that the
+    clients still training at any step are a prefix of the stacked tensors: a client that has
+    stopped is left out of the step's computation (a slice, not a copy), and its parameters,
+    momentum and loss sums are not written again."""
+    order = sorted(range(len(contexts)), key=lambda k: -num_steps(contexts[k]))  # stable: ties keep their order
+    ordered = [contexts[k] for k in order]
+    first = ordered[0]
+    model, train, device, lr = first.model, first.train, first.device, first.lr
+    group, batch_size = len(ordered), train.batch_size
+    model.train()
+    names = [name for name, _ in model.named_parameters()]
+    start_flat = algorithm.vectorized_start(broadcast).to(device)  # type: ignore[attr-defined]
+    offset, start = 0, {}
+    for name, parameter in model.named_parameters():
+        start[name] = start_flat[offset : offset + parameter.numel()].view_as(parameter)
+        offset += parameter.numel()
+    params = {name: value.unsqueeze(0).repeat(group, *([1] * value.dim())) for name, value in start.items()}
+    per_client = [algorithm.vectorized_inputs(ctx, broadcast) for ctx in ordered]  # type: ignore[attr-defined]
+    inputs = {key: torch.stack([values[key] for values in per_client]) for key in per_client[0]}
+    counts = [num_steps(ctx) for ctx in ordered]
+    identity = first.augment is get_augmentation("none")
+    steps = (_steps_from_indices if identity else _steps_from_batches)(ordered, counts, batch_size, device)
+    functions = {
+        weighted: vmap(grad_and_value(_objective(algorithm, model, weighted), has_aux=True), in_dims=(0, 0, 0, 0, None, 0))
+        for weighted in (False, True)
+    }
+    momentum: dict[str, Tensor] = {}
+    totals: dict[str, Tensor] = {}
+    for t, step in enumerate(steps):
+        active = step.x.shape[0]
+        current = {name: value[:active] for name, value in params.items()}
+        own = {key: value[:active] for key, value in inputs.items()}
+        grads, (_, (loss, terms)) = functions[not step.full](current, step.x, step.y, step.weights, start, own)
+        with torch.no_grad():
+            if train.grad_clip is not None:  # clip_grad_norm_ per client
+                norms = torch.stack([torch.linalg.vector_norm(grads[name].reshape(active, -1), dim=1) for name in names], dim=1)
+                coefficient = torch.clamp(train.grad_clip / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
+                grads = {name: grads[name] * _per_client(coefficient, grads[name]) for name in names}
+            for name in names:  # torch.optim.SGD's single-tensor step (ClientSGD)
+                g, p = grads[name], current[name]
+                if train.weight_decay != 0:
+                    g = g.add(p, alpha=train.weight_decay)
+                if train.momentum != 0:
+                    if t == 0:
+                        momentum[name] = g.clone()
+                    else:
+                        momentum[name][:active].mul_(train.momentum).add_(g)
+                    g = momentum[name][:active]
+                p.add_(g, alpha=-lr)  # in place: `current` holds views of `params`
+            for term, value in {"train_loss": loss, **terms}.items():
+                if t == 0:
+                    totals[term] = value.clone()
+                else:
+                    totals[term][:active] += value
+    keys = state_keys(model)
+    flat = torch.cat([params[key].reshape(group, -1) for key in keys], dim=1)
+    updates: list[ClientUpdate | None] = [None] * group
+    for position, k in enumerate(order):
+        metrics = {term: float(total[position]) / counts[position] for term, total in totals.items()}
+        own_inputs = {key: value[position] for key, value in inputs.items()}
+        updates[k] = algorithm.vectorized_update(contexts[k], broadcast, flat[position], metrics, own_inputs)  # type: ignore[attr-defined]
+    return updates  # type: ignore[return-value]
