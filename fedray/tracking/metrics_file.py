@@ -173,7 +173,12 @@ def _read_metrics_once(run_dir: Path) -> pa.Table | None:
 
 
 def read_metrics(run_dir: str | Path, scope: str = "round") -> list[dict[str, Any]]:
-    """Rows of a run's metrics with the given scope (``"round"`` or ``"client"``), by round."""
+    """Rows of a run's metrics with the given scope (``"round"`` or ``"client"``), by round; none while
+    the run has finished no round. A ``run_dir`` that does not exist raises :class:`FileNotFoundError`:
+    a mistyped path must not read as a run without rounds."""
+    if not Path(run_dir).is_dir():
+        reason = "it is a file" if Path(run_dir).exists() else "it does not exist"
+        raise FileNotFoundError(f"{run_dir} is not a run directory: {reason}")
     table = read_metrics_table(run_dir)
     return [] if table is None else [row for row in table.to_pylist() if row["scope"] == scope]
 

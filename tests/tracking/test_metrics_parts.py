@@ -1,5 +1,6 @@
 """Metric writing over long runs (no Ray): few part files however long the checkpoint interval, a
-bounded number of rows held in the driver, and parts concatenated with their columns unified."""
+bounded number of rows held in the driver, and parts concatenated with their columns unified; reading
+the metrics of a path that is no directory is an error."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from fedray import load_config
 from fedray.tracking import MetricsParquet, RunContext, read_metrics
@@ -93,3 +95,15 @@ def test_parts_of_many_checkpoint_intervals_are_merged(tmp_path):
     assert spans == [(1, MERGED_PARTS), (MERGED_PARTS + 1, 2 * MERGED_PARTS), (2 * MERGED_PARTS + 1,) * 2, (2 * MERGED_PARTS + 2,) * 2]
     assert [r["round"] for r in read_metrics(tmp_path)] == list(range(1, 2 * MERGED_PARTS + 3))
     assert len(read_metrics(tmp_path, scope="client")) == 3 * (2 * MERGED_PARTS + 2)
+
+
+def test_reading_the_metrics_of_a_path_that_is_no_directory_is_an_error_not_an_empty_run(tmp_path):
+    """fedray.read_metrics("runs/mistyped") must not read as a run without rounds."""
+    import fedray
+
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'mistyped'} is not a run directory: it does not exist$"):
+        fedray.read_metrics(tmp_path / "mistyped")
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="summary.json is not a run directory: it is a file$"):
+        fedray.read_metrics(tmp_path / "summary.json")
+    assert fedray.read_metrics(tmp_path) == []  # a run directory before its first round
