@@ -15,10 +15,11 @@ name           architecture                                         feature_dim
 =============  ===================================================  =========================
 
 or a model from outside fedray: ``torchvision:NAME`` or the user's ``package.module:Name``, wrapped
-into a :class:`FedModel` (:mod:`fedray.models.external`, :mod:`fedray.models.wrap`). ``model.init``
-loads starting weights into any of them (``model.init_strict: false``: those that fit), and
-``model.freeze`` keeps parameters at those weights, out of the flat layout every algorithm
-exchanges (:mod:`fedray.models.freeze`).
+into a :class:`FedModel` (:mod:`fedray.models.external`, :mod:`fedray.models.wrap`), or a Hugging Face
+model saved with ``save_pretrained``, ``hf:<directory>`` (:mod:`fedray.models.hf`, with LoRA adapters
+under ``model.adapters``). ``model.init`` loads starting weights into any of them (``model.init_strict:
+false``: those that fit), and ``model.freeze`` keeps parameters at those weights, out of the flat
+layout every algorithm exchanges (:mod:`fedray.models.freeze`).
 
 ``model.width`` applies to the CNNs only and ``model.norm`` to the ResNets only (the CNNs have no
 normalisation layers). ``model.projection_dim`` adds :func:`projection_head` as ``projector``.
@@ -33,6 +34,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedray.config.references import is_reference
+from fedray.config.schema import HF_PREFIX
 from fedray.models.base import FedModel
 from fedray.models.char_lstm import CharLSTM
 from fedray.models.cnn import CifarCNN, SmallCNN
@@ -70,13 +72,18 @@ def projection_head(feature_dim: int, projection_dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, projection_dim))
 
 
-def build_model(cfg: ModelConfig, info: DatasetInfo) -> FedModel:
+def build_model(cfg: ModelConfig, info: DatasetInfo, task: str = "classification") -> FedModel:
     """The model named by ``cfg.name`` for ``info``'s channels, image size and class count (a built-in
-    one, or ``torchvision:NAME`` / ``package.module:Name``: :mod:`fedray.models.external`), with a
-    :func:`projection_head` as ``projector`` when ``cfg.projection_dim`` is set, starting from the
-    weights in ``cfg.init`` when that is set, its ``cfg.freeze`` parameters frozen."""
+    one, ``torchvision:NAME`` / ``package.module:Name``: :mod:`fedray.models.external`, or
+    ``hf:<directory>``: :mod:`fedray.models.hf`, whose head ``task``, the run's ``data.task``, picks),
+    with a :func:`projection_head` as ``projector`` when ``cfg.projection_dim`` is set, starting from
+    the weights in ``cfg.init`` when that is set, its ``cfg.freeze`` parameters frozen."""
     loaded: set[str] | None = set()  # the state-dict keys read from a file: what may be frozen
-    if is_reference(cfg.name):  # torchvision:NAME or package.module:Name
+    if cfg.name.startswith(HF_PREFIX):
+        from fedray.models.hf import build_hf_model  # imports transformers only when one is built
+
+        model, loaded = build_hf_model(cfg, info, task)
+    elif is_reference(cfg.name):  # torchvision:NAME or package.module:Name
         model = build_external_model(cfg, info)
     else:
         try:

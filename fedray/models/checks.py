@@ -27,13 +27,17 @@ def example_batch(info: DatasetInfo, batch_size: int = 2) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_model_output(model: FedModel, info: DatasetInfo, name: str) -> None:
+def check_model_output(model: FedModel, info: DatasetInfo, name: str, per_position: bool = False) -> None:
     """Raise ``ValueError`` (a message about model ``name``) unless ``model``, in eval mode, maps a
-    batch of ``info``'s inputs to features ``[B, feature_dim]`` and logits ``[B, num_classes]`` and, for
-    a :class:`~fedray.models.wrap.WrappedModule`, unless ``classifier(encoder(x))`` equals the wrapped
-    module's own output (its classifier is the last layer applied to the features)."""
+    batch of ``info``'s inputs to features ``[B, feature_dim]`` and logits ``[B, num_classes]`` (with
+    ``per_position``, the task's for language modelling: ``[B, T, feature_dim]`` and ``[B, T,
+    num_classes]``, one vector per token) and, for a :class:`~fedray.models.wrap.WrappedModule`, unless
+    ``classifier(encoder(x))`` equals the wrapped module's own output (its classifier is the last layer
+    applied to the features)."""
     x = example_batch(info)
     batch = int(x.shape[0])
+    per_sample = (batch, info.seq_len) if per_position else (batch,)
+    shown = ", ".join(map(str, per_sample))
     was_training = model.training
     model.eval()
     try:
@@ -43,16 +47,16 @@ def check_model_output(model: FedModel, info: DatasetInfo, name: str) -> None:
         except Exception as error:  # whatever the user's forward raises
             # prepare_data reports the first line of this message
             raise ValueError(f"{name} fails on a batch of shape {list(x.shape)}: {type(error).__name__}: {error}") from None
-        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (batch, info.num_classes):
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (*per_sample, info.num_classes):
             seen = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            outputs = "batch × tokens × the vocabulary" if per_position else "batch × the data's classes"
             raise ValueError(
-                f"{name} maps a batch of shape {list(x.shape)} to {seen}; fedray needs logits "
-                f"[{batch}, {info.num_classes}] (batch × the data's classes)"
+                f"{name} maps a batch of shape {list(x.shape)} to {seen}; fedray needs logits [{shown}, {info.num_classes}] ({outputs})"
             )
-        if tuple(features.shape) != (batch, model.feature_dim):
+        if tuple(features.shape) != (*per_sample, model.feature_dim):
             raise ValueError(
                 f"{name}'s features (the classifier's input) have shape {list(features.shape)}, not "
-                f"[{batch}, {model.feature_dim}] (batch × feature_dim)"
+                f"[{shown}, {model.feature_dim}] ({'batch × tokens' if per_position else 'batch'} × feature_dim)"
             )
         if isinstance(model, WrappedModule):
             own = model.forward_unwrapped(x)

@@ -48,7 +48,7 @@ from torch import nn
 from fedray.config import ConfigError
 from fedray.config.loader import short_repr
 from fedray.config.references import import_reference
-from fedray.config.schema import TORCHVISION_PREFIX
+from fedray.config.schema import HF_PREFIX, TORCHVISION_PREFIX
 from fedray.models.base import FedModel
 from fedray.models.wrap import WrappedModule
 
@@ -59,9 +59,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def model_factory(name: str) -> Callable[..., nn.Module]:
+def model_factory(name: str) -> Callable[..., Any]:
     """The class or function ``model.name`` names (torchvision's builder function for
-    ``torchvision:NAME``); raises :class:`ConfigError` naming ``model.name``."""
+    ``torchvision:NAME``, fedray's :func:`~fedray.models.hf.build_hf_model` for ``hf:<directory>``, once
+    the directory is found to hold a saved model); raises :class:`ConfigError` naming ``model.name``."""
+    if name.startswith(HF_PREFIX):
+        from fedray.models.hf import build_hf_model, hf_directory  # the hf module imports this one
+
+        hf_directory(name)
+        return build_hf_model
     if name.startswith(TORCHVISION_PREFIX):
         architecture = name.removeprefix(TORCHVISION_PREFIX)
         try:

@@ -77,15 +77,19 @@ class WrappedModule(FedModel):
     def _module_input(self, x: torch.Tensor) -> torch.Tensor:
         return x.expand(-1, 3, -1, -1) if self.grey_to_rgb else x
 
+    def _module_output(self, x: torch.Tensor) -> torch.Tensor:
+        """What the module returns for ``x``: the features while its classifier is ``nn.Identity``."""
+        return self.encoder(self._module_input(x))
+
     def encode_with_taps(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.encoder(self._module_input(x)), []
+        return self._module_output(x), []
 
     @torch.no_grad()
     def forward_unwrapped(self, x: torch.Tensor) -> torch.Tensor:
         """The module's own output, with its classifier back in place: what :meth:`forward` must equal."""
         self.encoder.set_submodule(self.classifier_name, self.classifier)
         try:
-            return self.encoder(self._module_input(x))
+            return self._module_output(x)
         finally:
             self.encoder.set_submodule(self.classifier_name, nn.Identity())
 
