@@ -14,7 +14,8 @@ first use, so neither torch nor Ray is loaded before you need them)::
 Writing an algorithm: subclass :class:`Algorithm` (with its ``Params``, :class:`ClientContext`,
 :class:`ClientUpdate`, :class:`RoundResults`); plugging in logging: subclass :class:`Callback`. See
 docs/writing_an_algorithm.md. Your own model: any ``nn.Module`` as ``model.name: package.module:Name``,
-or a :class:`FedModel` subclass for full control (docs/guide/your_model.md).
+or a :class:`FedModel` subclass for full control (docs/guide/your_model.md). Your own loss and metrics:
+a :class:`Task` subclass as ``data.task: package.module:Name`` (docs/guide/tasks.md).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _API = {
     "ClientUpdate": "fedray.algorithms",
     "RoundResults": "fedray.algorithms",
     "FedModel": "fedray.models",  # subclass it for full control of a model (docs/guide/your_model.md)
+    "Task": "fedray.tasks",  # subclass it for your own loss and metrics, data.task (docs/guide/tasks.md)
     "Callback": "fedray.tracking",
     "RunContext": "fedray.tracking",
 }
