@@ -1,8 +1,8 @@
 """The in-memory form of a federated dataset.
 
-A dataset is held as two dense arrays, the inputs and int64 labels ``[N]``, that the runtime places in
-Ray's object store once; a client is a slice of an index array. The inputs are of one of three
-modalities (:data:`MODALITIES`):
+A dataset is held as two dense arrays, the inputs and the targets (in the task's form, :mod:`fedray.tasks`:
+int64 labels ``[N]`` for classification), that the runtime places in Ray's object store once; a client is
+a slice of an index array. The inputs are of one of three modalities (:data:`MODALITIES`):
 
 - ``image``: uint8 ``[N, C, H, W]``;
 - ``tokens``: int64 token ids ``[N, T]`` (sequences of equal length, left-padded with id 0);
@@ -14,10 +14,12 @@ Normalisation to float happens on the device, per batch (:meth:`DatasetInfo.norm
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from fedray.tasks import task_class
 
 
 MODALITIES = ("image", "tokens", "features")
@@ -82,6 +84,11 @@ class DatasetInfo:
     modelling): the classes of a classification, the outputs of a regression, the labels of a
     multilabel task, the vocabulary of a language model. ``target_mean``/``target_std`` are a
     regression's per-output training-set statistics (:class:`fedray.tasks.Regression`), else empty.
+
+    ``columns``: for a table, the columns the inputs and targets were read from, by role (``inputs``,
+    ``targets`` and, with ``data.client_column``, ``client``; :attr:`fedray.data.UserData.columns`),
+    so that a run can record what it learnt from; empty for other data. Left out of comparisons and
+    hashes: it describes where the data came from, not what a model needs.
     """
 
     name: str
@@ -96,6 +103,7 @@ class DatasetInfo:
     vocab_size: int | None = None
     target_mean: tuple[float, ...] = ()
     target_std: tuple[float, ...] = ()
+    columns: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
@@ -181,7 +189,8 @@ class ClientPartition:
 
 @dataclass(frozen=True)
 class FederatedDataset:
-    """Train/test arrays, the train partition and, optionally, each client's held-out split."""
+    """Train/test arrays, the train partition and, optionally, each client's held-out split; ``task``
+    is the ``data.task`` whose targets the arrays hold."""
 
     train: ArrayDataset
     test: ArrayDataset
@@ -190,18 +199,26 @@ class FederatedDataset:
     client_test: ClientPartition | None = None  # indices into train, disjoint from `clients`
     public: np.ndarray | None = None  # indices into train held out from every client (data.public_fraction)
     client_names: tuple[str, ...] | None = None  # data.partition=natural: client k's id in the data
+    task: str = "classification"
 
     @property
     def num_clients(self) -> int:
         return self.clients.num_clients
 
-    def label_distribution(self, clients: int | None = None) -> np.ndarray:
-        """``[clients, num_classes]`` label counts of the training split of each of the first
-        ``clients`` clients (of every client by default)."""
+    def label_distribution(self, clients: int | None = None) -> np.ndarray | None:
+        """``[clients, labels]`` counts of the task's partition labels (those the label-skew partitions
+        skew, :meth:`fedray.tasks.Task.partition_labels`: the classes of a classification, the target
+        deciles of a regression) in the training split of each of the first ``clients`` clients (of
+        every client by default); None for targets without such labels (multilabel, language modelling)."""
+        task = task_class(self.task)
+        labels = task.partition_labels(self.train.y)
+        if labels is None:
+            return None
         clients = self.num_clients if clients is None else min(clients, self.num_clients)
-        counts = np.zeros((clients, self.info.num_classes), dtype=np.int64)
+        width = max(self.info.num_classes if task.class_labels else 0, int(labels.max()) + 1 if labels.size else 0)
+        counts = np.zeros((clients, width), dtype=np.int64)
         owner = np.repeat(np.arange(clients), self.clients.sizes[:clients])
-        np.add.at(counts, (owner, self.train.y[self.clients.indices[: self.clients.offsets[clients]]]), 1)
+        np.add.at(counts, (owner, labels[self.clients.indices[: self.clients.offsets[clients]]]), 1)
         return counts
 
 

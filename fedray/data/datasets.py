@@ -27,6 +27,12 @@ Your own data (docs/guide/your_data.md): ``imagefolder`` and ``table`` read file
 ``data.test_fraction`` share of the samples, taken from every client's samples alike when
 ``data.partition=natural``; ``data.max_samples_per_client`` first keeps a seeded subset of every
 client's samples. Features are standardised with the training set's per-feature mean and std.
+
+The targets are those of ``data.task`` (:mod:`fedray.tasks`): the built-in image datasets and
+``breast_cancer``/``wine`` have class labels (a task with class labels only), ``diabetes`` regression
+targets, ``pystdlib_chars`` text (classification or language modelling); a table or your own code can
+have any. ``DatasetInfo.num_classes`` is the model's output size for the task, and a regression's
+``target_mean``/``target_std`` are the training set's.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ import numpy as np
 
 from fedray.config import ConfigError, DataConfig, is_reference
 from fedray.data.base import ArrayDataset, DatasetInfo
-from fedray.data.benchmarks import load_pystdlib_chars, load_sklearn_table
+from fedray.data.benchmarks import load_diabetes, load_pystdlib_chars, load_sklearn_table
 from fedray.data.formats import load_image_folder, load_table
 from fedray.data.idx import IdxFormatError, has_idx_files, read_idx_split
-from fedray.data.partition import natural_clients, split_client_test
+from fedray.data.partition import hold_out, natural_clients, test_split
 from fedray.data.user import UserData, load_user_reference
+from fedray.tasks import LanguageModeling, Regression, Task, task_class
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 
@@ -105,15 +112,16 @@ _TORCHVISION_SOURCES = {
 # command that installs it (named in the missing-files error).
 SYSTEM_DATA_DIRS = {"fmnist": Path("/usr/share/datasets/fashion-mnist")}
 _SYSTEM_PACKAGES = {"fmnist": "apt-get install -y dataset-fashion-mnist"}
-_HOLD_OUT_STREAMS = {"subset": 0x5355, "validation": 0x5641, "test": 0x5445, "per_client": 0x5043}  # independent of other draws
-# Your own data: data.name → the loader of its arrays (data.name: package.module:Name is loaded by
-# fedray.data.user.load_user_reference).
+_HOLD_OUT_STREAMS = {"subset": 0x5355, "validation": 0x5641, "per_client": 0x5043}  # independent of other draws (and of TEST_STREAM)
+# Your own data and the built-in benchmarks beyond images: data.name → the loader of its arrays (a
+# table's takes the seed too; data.name: package.module:Name is loaded by fedray.data.user.load_user_reference).
 _USER_DATA_LOADERS = {
     "imagefolder": load_image_folder,
     "table": load_table,
     "pystdlib_chars": load_pystdlib_chars,
     "breast_cancer": load_sklearn_table,
     "wine": load_sklearn_table,
+    "diabetes": load_diabetes,
 }
 _TINY_IMAGENET_STATS = ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821))
 _TINY_IMAGENET_FILES = (
@@ -127,39 +135,27 @@ _STATS_CHUNK = 1 << 20  # float64 deviations held at a time by _mean_std (8 MB)
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
-    """Load ``cfg.name`` as (train, test, info).
+    """Load ``cfg.name`` as (train, test, info), with the targets of the run's task (``cfg.task``).
 
     ``digits`` and ``synthetic`` are split (seeded by ``seed``) with ``cfg.test_fraction``; the
     others use their official train/test splits (Tiny-ImageNet: its labelled val set is the test
     set). ``info.augmentation`` is the dataset's default unless ``cfg.augmentation`` names one.
     Then ``cfg.max_train_samples`` subsamples the training set and ``cfg.validation_fraction > 0``
-    makes a held-out share of it the returned test set (both seeded by ``seed``).
+    makes a held-out share of it the returned test set (both seeded by ``seed``). A regression's
+    ``info.target_mean``/``target_std`` are those of the training set so returned.
     """
-    vocab_size = None
+    task = task_class(cfg.task)
+    _check_task_keys(cfg, task)
+    vocab_size, columns = None, {}
     if cfg.name in _USER_DATA_LOADERS or is_reference(cfg.name):
-        train, test, user_data = _load_user_data(cfg, seed)
+        train, test, user_data = _load_user_data(cfg, seed, task)
         num_classes, vocab_size, default_augmentation, stats = user_data.num_classes, user_data.vocab_size, "none", None
+        columns = {role: tuple(names) for role, names in user_data.columns.items()}
     elif cfg.max_samples_per_client is not None:
         raise ConfigError("data.max_samples_per_client", f"data.name={cfg.name} has no client ids", within=None)
-    elif cfg.name == "digits":
-        train, test = _load_digits(cfg.test_fraction, seed)
-        num_classes, default_augmentation, stats = 10, "none", None
-    elif cfg.name == "synthetic":
-        train, test = _make_synthetic(cfg, seed)
-        num_classes, default_augmentation, stats = cfg.synthetic.num_classes, "none", None
-    elif cfg.name == "tinyimagenet":
-        train, test, num_classes = _load_tiny_imagenet(Path(cfg.root), cfg.download)
-        default_augmentation, stats = "crop_flip", _TINY_IMAGENET_STATS
-    elif cfg.name in ("mnist", "fmnist"):
-        source = _TORCHVISION_SOURCES[cfg.name]
-        train, test = _load_idx(cfg.name, source, Path(cfg.root), cfg.download)
-        num_classes, default_augmentation = source.num_classes, source.augmentation
-        stats = (source.mean, source.std)
     else:
-        source = _TORCHVISION_SOURCES[cfg.name]
-        train, test = _load_torchvision(cfg.name, source, Path(cfg.root), cfg.download)
-        num_classes, default_augmentation = source.num_classes, source.augmentation
-        stats = (source.mean, source.std)
+        train, test, num_classes, default_augmentation, stats = _load_built_in(cfg, seed)
+        train, test = (_with_task_targets(split, task, f"data.name={cfg.name}") for split in (train, test))
     if cfg.max_train_samples is not None and cfg.max_train_samples < len(train):
         kept, _ = hold_out(len(train), cfg.max_train_samples, seed, _HOLD_OUT_STREAMS["subset"])
         train = train.subset(kept)
@@ -176,6 +172,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         mean, std = _feature_stats(train.x)
     else:
         mean, std = (), ()
+    target_mean, target_std = _feature_stats(train.y) if issubclass(task, Regression) else ((), ())
     info = DatasetInfo(
         name=cfg.name,
         num_classes=num_classes,
@@ -187,26 +184,88 @@ def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
         modality=modality,
         input_shape=tuple(int(size) for size in train.x.shape[1:]),
         vocab_size=vocab_size,
+        target_mean=target_mean,
+        target_std=target_std,
+        columns=columns,
     )
     return train, test, info
 
 
-def _load_user_data(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset, UserData]:
+def _load_built_in(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset, int, str, tuple | None]:
+    """A built-in image dataset: (train, test, classes, default augmentation, per-channel (mean, std)
+    or None to compute them from the training images)."""
+    if cfg.name == "digits":
+        train, test = _load_digits(cfg.test_fraction, seed)
+        return train, test, 10, "none", None
+    if cfg.name == "synthetic":
+        train, test = _make_synthetic(cfg, seed)
+        return train, test, cfg.synthetic.num_classes, "none", None
+    if cfg.name == "tinyimagenet":
+        train, test, num_classes = _load_tiny_imagenet(Path(cfg.root), cfg.download)
+        return train, test, num_classes, "crop_flip", _TINY_IMAGENET_STATS
+    source = _TORCHVISION_SOURCES[cfg.name]
+    if cfg.name in ("mnist", "fmnist"):
+        train, test = _load_idx(cfg.name, source, Path(cfg.root), cfg.download)
+    else:
+        train, test = _load_torchvision(cfg.name, source, Path(cfg.root), cfg.download)
+    return train, test, source.num_classes, source.augmentation, (source.mean, source.std)
+
+
+def _check_task_keys(cfg: DataConfig, task: type[Task]) -> None:
+    """Refuse a task that ``cfg.name``'s targets cannot serve and the keys that its data would ignore,
+    each with one line naming the key."""
+    if cfg.name == "table" or is_reference(cfg.name):
+        fits, has = True, ""
+    elif cfg.name == "diabetes":
+        fits, has = issubclass(task, Regression), "regression targets"
+    elif cfg.name == "pystdlib_chars":
+        fits, has = task.class_labels or issubclass(task, LanguageModeling), "text (for classification or language_modeling)"
+    else:
+        fits, has = task.class_labels, "class labels"
+    if not fits:
+        raise ConfigError(
+            "data.task",
+            f"data.name={cfg.name} has {has}, not the targets of {cfg.task}; a table (data.name=table with data.target_columns "
+            f"or data.sequence_column) or your own data (package.module:Name) can have them",
+            within=None,
+        )
+    if cfg.stride is not None and not issubclass(task, LanguageModeling):
+        raise ConfigError("data.stride", f"is the step between a language model's windows; data.task={cfg.task} has none", within=None)
+    if cfg.tokenizer is not None and cfg.name not in ("table", "pystdlib_chars"):
+        raise ConfigError(
+            "data.tokenizer",
+            f"turns text into tokens; data.name={cfg.name} has no text (a table's data.sequence_column or pystdlib_chars)",
+            within=None,
+        )
+    if cfg.name != "table":
+        for key, value, default in (("data.target_columns", cfg.target_columns, None), ("data.missing", cfg.missing, "error")):
+            if value != default:
+                raise ConfigError(key, f"applies to the columns of a table (data.name=table), not to data.name={cfg.name}", within=None)
+
+
+def _with_task_targets(split: ArrayDataset, task: type[Task], where: str) -> ArrayDataset:
+    """``split`` with its labels in ``task``'s form (a task with class labels may check or convert them)."""
+    try:
+        return ArrayDataset(split.x, task.check_targets(split.y, where), split.client_ids)
+    except ValueError as error:
+        raise ConfigError("data.task", str(error).splitlines()[0], within=None) from None
+
+
+def _load_user_data(cfg: DataConfig, seed: int, task: type[Task]) -> tuple[ArrayDataset, ArrayDataset, UserData]:
     """Train and test sets of your own data (see the module docstring) and the checked
     :class:`UserData` they come from."""
-    data = load_user_reference(cfg.name) if is_reference(cfg.name) else _USER_DATA_LOADERS[cfg.name](cfg)
+    if is_reference(cfg.name):
+        data = load_user_reference(cfg.name, task)
+    elif cfg.name == "table":
+        data = load_table(cfg, seed)
+    else:
+        data = _USER_DATA_LOADERS[cfg.name](cfg)
     train = ArrayDataset(data.x_train, data.y_train, data.client_ids_train)
     if cfg.max_samples_per_client is not None:
         train = train.subset(_per_client_subset(train, cfg, seed))
     if data.x_test is not None:
         return train, ArrayDataset(data.x_test, data.y_test), data
-    if cfg.partition == "natural" and train.client_ids is not None:
-        clients, _ = natural_clients(train.client_ids)
-        train_part, test_part = split_client_test(clients, cfg.test_fraction, seed)
-        train_index, test_index = np.sort(train_part.indices), np.sort(test_part.indices)
-    else:
-        size = max(1, round(cfg.test_fraction * len(train)))
-        test_index, train_index = hold_out(len(train), size, seed, _HOLD_OUT_STREAMS["test"])
+    train_index, test_index = test_split(len(train), train.client_ids, cfg, seed)
     test = train.subset(test_index)
     return train.subset(train_index), ArrayDataset(test.x, test.y), data
 
@@ -225,19 +284,12 @@ def _per_client_subset(train: ArrayDataset, cfg: DataConfig, seed: int) -> np.nd
 
 
 def _feature_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-feature mean and std of float32 features; a constant feature gets std 1 (it is only
-    centred)."""
+    """Per-column mean and std of float32 features (or of a regression's targets); a constant column
+    gets std 1 (it is only centred)."""
     mean = x.mean(axis=0, dtype=np.float64)
     std = x.std(axis=0, dtype=np.float64)
     std[std == 0] = 1.0
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
-def hold_out(num_samples: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded ``size``-sample subset of ``0..num_samples-1`` and the remaining indices, both
-    ascending. ``stream`` keeps draws for different purposes independent under one seed."""
-    held = np.sort(np.random.default_rng([seed, stream]).choice(num_samples, size, replace=False))
-    return held, np.setdiff1d(np.arange(num_samples), held)
 
 
 def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -8,18 +8,42 @@ so are links to folders inside a class folder (:func:`image_files`).
 
 ``data.name: table`` reads the ``.parquet`` or ``.csv`` file ``data.path`` (and ``data.test_path``,
 with the same columns) with pyarrow, or a Hugging Face ``datasets`` dataset saved with
-``save_to_disk`` (``data.path`` its directory; its ``train`` and ``test`` splits; the ``hf`` extra). ``data.label_column`` (default ``label``) holds integer labels;
-the inputs are, in this order of precedence:
+``save_to_disk`` (``data.path`` its directory; its ``train`` and ``test`` splits; the ``hf`` extra).
+The targets follow ``data.task`` (:mod:`fedray.tasks`):
+
+- classification: ``data.label_column`` (default ``label``) holds integer labels (a float label
+  column is refused with a pointer to ``data.task: regression``);
+- regression and multilabel: ``data.target_columns``, one number (regression) or 0/1 label
+  (multilabel) a column, or a single list-valued column holding a vector a row; without it,
+  ``data.label_column`` (a regression of one output);
+- language modelling: the next tokens of ``data.sequence_column`` (below).
+
+The inputs are, in this order of precedence:
 
 - ``data.image_column``: encoded PNG/JPEG bytes (or a struct with a ``bytes`` field, as Hugging Face
   datasets store images), raw pixel bytes (fixed-size binary, C·H·W a row) or pixel lists (flat,
   ``[H, W]`` or ``[C, H, W]``) → images;
 - ``data.sequence_column``: lists of integers → tokens as given (0 pads shorter sequences), or text
   → characters, id 0 padding, 1 a character not seen in the training file, 2… the training file's
-  characters in code-point order;
-- otherwise ``data.feature_columns`` (default: every other numeric column) → features.
+  characters in code-point order; with ``data.tokenizer`` (a Hugging Face tokenizer directory), the
+  tokenizer's ids;
+- otherwise ``data.feature_columns`` (default: every other numeric column than the label, target
+  and client columns) → features.
 
 ``data.client_column`` gives every row's client, for ``data.partition: natural``.
+
+For ``data.task: language_modeling`` every client's rows (all rows without a client column) are
+joined, in the file's order, into one token stream (text rows each end with a newline, or with the
+tokenizer's end-of-text token) and cut into windows of ``data.seq_len`` + 1 tokens every
+``data.stride`` (default ``data.seq_len``) tokens: a window's first ``data.seq_len`` tokens are the
+inputs, its last ``data.seq_len`` the targets (:func:`token_windows`). A window keeps its client's id.
+The test windows are cut alike from ``data.test_path``'s rows or from a seeded ``data.test_fraction``
+share of the rows (of every client's rows with ``data.partition: natural``), so that no test text is
+trained on.
+
+A missing value (null or NaN, also inside a list) in a column the run reads is an error naming the
+column and its first row; with ``data.missing: drop`` such rows are dropped and counted in the log.
+The columns read are returned by role in :attr:`UserData.columns <fedray.data.UserData>`.
 
 Images are decoded to uint8 ``[N, C, H, W]`` (PNG with torchvision's libpng decoder, which is lossless
 like Pillow's and 2–3× faster; other formats with Pillow), on every core: 1 channel when the first
@@ -43,7 +67,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fedray.config import ConfigError, DataConfig
+from fedray.data.partition import test_split
 from fedray.data.user import UserData, checked_user_data
+from fedray.tasks import IGNORE_INDEX, LanguageModeling, Task, task_class
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +265,7 @@ def load_image_folder(cfg: DataConfig) -> UserData:
 
     arrays = cached_arrays(Path(cfg.root) / "cache", "imagefolder", {"files": stamps, "image_size": cfg.image_size}, decode)
     data = UserData(arrays["x_train"], arrays["y_train"], arrays.get("x_test"), arrays.get("y_test"), num_classes=len(classes))
-    return checked_user_data(data, f"data.path={cfg.path}")
+    return checked_user_data(data, f"data.path={cfg.path}", task_class(cfg.task))
 
 
 def image_files(directory: Path, class_to_idx: dict[str, int], extensions: tuple[str, ...]) -> list[tuple[str, int]]:
@@ -281,45 +307,182 @@ def existing_path(value: str | None, key: str, name: str, directory: bool = Fals
 
 
 # -------------------------------------------------------------------------------------- tables
-def load_table(cfg: DataConfig) -> UserData:
-    """``data.name: table`` (see the module docstring)."""
+def load_table(cfg: DataConfig, seed: int) -> UserData:
+    """``data.name: table`` (see the module docstring); ``seed`` draws a language model's test rows."""
+    task = task_class(cfg.task)
+    _check_table_keys(cfg, task)
     if cfg.path is not None and is_saved_hf_dataset(Path(cfg.path)):
         tables, paths = _read_saved_hf_dataset(Path(cfg.path))
-        train_path = paths["train"][0]
     else:
         train_path = existing_path(cfg.path, "data.path", cfg.name)
         test_path = existing_path(cfg.test_path, "data.test_path", cfg.name) if cfg.test_path is not None else None
         paths = {"train": (train_path, "data.path"), **({"test": (test_path, "data.test_path")} if test_path else {})}
         tables = {split: _read_table(path, key) for split, (path, key) in paths.items()}
-    train = tables["train"]
-    client_ids = None
-    if cfg.client_column is not None:
-        client_ids = _column(train, cfg.client_column, "data.client_column", train_path)
-        if client_ids.null_count:
-            raise ConfigError(
-                "data.client_column",
-                f"column {cfg.client_column!r} of {train_path} has {client_ids.null_count} missing values",
-                within=None,
-            )
-        client_ids = client_ids.to_numpy(zero_copy_only=False)
-        client_ids = client_ids.astype(str) if client_ids.dtype == object else client_ids
-    labels = {split: _labels(table, cfg.label_column, paths[split][0]) for split, table in tables.items()}
+    roles = _column_roles(cfg, task, tables["train"], paths["train"][0])
+    # A test file's client ids are read only to keep a language model's windows within one client's text.
+    read_test_clients = issubclass(task, LanguageModeling)
+    split_roles = {split: {r: c for r, c in roles.items() if r != "client" or split == "train" or read_test_clients} for split in tables}
+    tables, kept_rows = _without_missing(cfg, tables, paths, split_roles)
+    client_ids = {
+        split: _client_ids(tables[split], cfg.client_column, paths[split][0]) for split in tables if "client" in split_roles[split]
+    }
+    columns = {role: names for role, (_, names) in roles.items()}
+    if issubclass(task, LanguageModeling):
+        return checked_user_data(_language_model_windows(cfg, tables, paths, client_ids, seed, columns), f"data.path={cfg.path}", task)
+    targets_key, target_names = roles["targets"]
+    targets = {split: _table_targets(table, task, targets_key, target_names, cfg, paths[split][0]) for split, table in tables.items()}
     vocab_size = None
     if cfg.image_column is not None:
-        inputs = _table_images(cfg, tables, paths)
+        inputs = _table_images(cfg, tables, paths, kept_rows)
     elif cfg.sequence_column is not None:
         inputs, vocab_size = _table_sequences(cfg, tables, paths)
     else:
-        inputs = _table_features(cfg, tables, paths)
+        inputs = _table_features(roles["inputs"][1], tables, paths)
     data = UserData(
         inputs["train"],
-        labels["train"],
+        targets["train"],
         inputs.get("test"),
-        labels.get("test"),
-        client_ids_train=client_ids,
+        targets.get("test"),
+        client_ids_train=client_ids.get("train"),
         vocab_size=vocab_size,
+        columns=columns,
     )
-    return checked_user_data(data, f"data.path={cfg.path}")
+    return checked_user_data(data, f"data.path={cfg.path}", task)
+
+
+def _check_table_keys(cfg: DataConfig, task: type[Task]) -> None:
+    """Refuse the keys that ``task`` cannot use on a table (each would be silently ignored)."""
+    if issubclass(task, LanguageModeling):
+        if cfg.sequence_column is None:
+            raise ConfigError(
+                "data.sequence_column", "data.task=language_modeling learns the text or token column that it names; set it", within=None
+            )
+        for key, value in (
+            ("data.target_columns", cfg.target_columns),
+            ("data.feature_columns", cfg.feature_columns),
+            ("data.image_column", cfg.image_column),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    key, f"data.task=language_modeling predicts the next token of data.sequence_column; it reads no {key[5:]}", within=None
+                )
+        if cfg.seq_len is None:
+            raise ConfigError(
+                "data.seq_len",
+                "data.task=language_modeling cuts every client's token stream into windows of data.seq_len tokens; set it (e.g. 128)",
+                within=None,
+            )
+    elif task.class_labels and cfg.target_columns is not None:
+        raise ConfigError(
+            "data.target_columns",
+            f"data.task={cfg.task} reads one label per row from data.label_column; "
+            "data.target_columns holds the targets of a regression or multilabel task",
+            within=None,
+        )
+    if cfg.tokenizer is not None and cfg.sequence_column is None:
+        raise ConfigError(
+            "data.tokenizer", "a tokenizer turns the text of data.sequence_column into tokens; set data.sequence_column", within=None
+        )
+
+
+def _column_roles(cfg: DataConfig, task: type[Task], train: Any, path: Path) -> dict[str, tuple[str, list[str]]]:
+    """The columns the run reads, by role (``client``, ``targets``, ``inputs``), each with the config
+    key that names them (for messages). Default features: every numeric column but the label, target
+    and client columns."""
+    import pyarrow as pa
+
+    roles: dict[str, tuple[str, list[str]]] = {}
+    if cfg.client_column is not None:
+        roles["client"] = ("data.client_column", [cfg.client_column])
+    if issubclass(task, LanguageModeling):
+        roles["targets"] = ("data.sequence_column", [cfg.sequence_column])  # the next tokens of the same text
+    elif cfg.target_columns is not None:
+        roles["targets"] = ("data.target_columns", list(cfg.target_columns))
+    else:
+        roles["targets"] = ("data.label_column", [cfg.label_column])
+    if cfg.image_column is not None:
+        roles["inputs"] = ("data.image_column", [cfg.image_column])
+    elif cfg.sequence_column is not None:
+        roles["inputs"] = ("data.sequence_column", [cfg.sequence_column])
+    elif cfg.feature_columns is not None:
+        roles["inputs"] = ("data.feature_columns", list(cfg.feature_columns))
+    else:
+        excluded = {cfg.label_column, cfg.client_column, *(cfg.target_columns or ())}
+        names = [
+            field.name
+            for field in train.schema
+            if field.name not in excluded and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))
+        ]
+        if not names:
+            raise ConfigError("data.feature_columns", f"{path} has no numeric column besides the label (and client) column", within=None)
+        roles["inputs"] = ("data.feature_columns", names)
+    return roles
+
+
+def _missing_rows(column: Any) -> np.ndarray:
+    """Which rows of a pyarrow column hold a missing value: null, NaN, or a list holding one (at any depth)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    missing = column.is_null().to_numpy(zero_copy_only=False).copy()
+    if pa.types.is_floating(column.type):
+        missing |= pc.is_nan(column).fill_null(False).to_numpy(zero_copy_only=False)
+    elif _is_list(column.type):
+        inner = _missing_rows(column.flatten())
+        if inner.any():
+            missing[pc.list_parent_indices(column).to_numpy()[inner]] = True
+    return missing
+
+
+def _without_missing(
+    cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]], split_roles: dict[str, dict[str, tuple[str, list[str]]]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tables without the rows that miss a value in a column the run reads (``data.missing=drop``,
+    the drops counted in the log), or a ConfigError naming the first such column and row
+    (``data.missing=error``). Also returns a digest of each split's kept rows where rows were dropped,
+    for the cache key of decoded images."""
+    import pyarrow as pa
+
+    kept_tables, kept_rows = {}, {}
+    for split, table in tables.items():
+        path = paths[split][0]
+        missing = np.zeros(table.num_rows, dtype=bool)
+        counts = []
+        for key, names in split_roles[split].values():
+            for name in names:
+                column_missing = _missing_rows(_column(table, name, key, path))
+                if column_missing.any():
+                    if cfg.missing == "error":
+                        raise ConfigError(
+                            key,
+                            f"column {name!r} of {path} has {int(column_missing.sum())} missing value(s) (null or NaN), the first in row "
+                            f"{int(np.argmax(column_missing))}; drop such rows with data.missing=drop",
+                            within=None,
+                        )
+                    counts.append(f"{int(column_missing.sum())} in {name!r}")
+                    missing |= column_missing
+        if missing.any():
+            if missing.all():
+                raise ConfigError(
+                    "data.missing", f"every row of {path} misses a value in a column the run reads ({', '.join(counts)})", within=None
+                )
+            logger.warning(
+                "data.missing=drop: dropped %d of %d rows of %s with missing values (%s)",
+                int(missing.sum()),
+                table.num_rows,
+                path,
+                ", ".join(counts),
+            )
+            table = table.filter(pa.array(~missing))
+            kept_rows[split] = hashlib.sha256(np.packbits(~missing).tobytes()).hexdigest()[:24]
+        kept_tables[split] = table
+    return kept_tables, kept_rows
+
+
+def _client_ids(table: Any, name: str, path: Path) -> np.ndarray:
+    """The client column as a numpy array (strings for text ids)."""
+    client_ids = _column(table, name, "data.client_column", path).to_numpy(zero_copy_only=False)
+    return client_ids.astype(str) if client_ids.dtype == object else client_ids
 
 
 def is_saved_hf_dataset(path: Path) -> bool:
@@ -381,19 +544,51 @@ def _column(table: Any, name: str, key: str, path: Path) -> Any:
     return table.column(name).combine_chunks()
 
 
-def _labels(table: Any, name: str, path: Path) -> np.ndarray:
+def _table_targets(table: Any, task: type[Task], key: str, names: list[str], cfg: DataConfig, path: Path) -> np.ndarray:
+    """The targets of one split in ``task``'s form: the label column as ``[N]``, or the target columns
+    as ``[N, K]`` (one column each, or the vectors of a single list-valued column)."""
+    columns = [_column(table, name, key, path) for name in names]
+    where = f"column {names[0]!r} of {path}" if len(names) == 1 else f"columns {', '.join(map(repr, names))} of {path}"
+    if len(columns) == 1 and _is_list(columns[0].type):
+        targets = _list_rows(columns[0], key, where)
+    else:
+        for name, column in zip(names, columns):
+            _require_numbers(column.type, key, f"column {name!r} of {path}")
+        arrays = [column.to_numpy(zero_copy_only=False) for column in columns]
+        targets = arrays[0] if cfg.target_columns is None else np.stack(arrays, axis=1)
+    try:
+        return task.check_targets(targets, where)
+    except ValueError as error:
+        raise ConfigError(key, str(error).splitlines()[0], within=None) from None
+
+
+def _require_numbers(arrow_type: Any, key: str, what: str) -> None:
     import pyarrow as pa
 
-    column = _column(table, name, "data.label_column", path)
-    if not pa.types.is_integer(column.type):
-        raise ConfigError("data.label_column", f"labels must be integers; column {name!r} of {path} holds {column.type}", within=None)
-    if column.null_count:
-        raise ConfigError("data.label_column", f"column {name!r} of {path} has {column.null_count} missing labels", within=None)
-    return column.to_numpy()
+    if not (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type)):
+        raise ConfigError(key, f"{what} holds {arrow_type}, not numbers", within=None)
 
 
-def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]) -> dict[str, np.ndarray]:
-    """The image column of every split: pixel arrays as they are, or encoded images decoded (and cached)."""
+def _list_rows(column: Any, key: str, where: str) -> np.ndarray:
+    """A list-valued column of numbers, one vector of the same length a row, as ``[N, K]``."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    if len(lengths) and (lengths != lengths[0]).any():
+        row = int(np.argmax(lengths != lengths[0]))
+        raise ConfigError(
+            key, f"{where}: row {row} holds {lengths[row]} values, row 0 {lengths[0]}; every row needs one vector length", within=None
+        )
+    values = column.flatten()
+    _require_numbers(values.type, key, f"{where} (a list column)")
+    return values.to_numpy(zero_copy_only=False).reshape(len(column), int(lengths[0]) if len(lengths) else 0)
+
+
+def _table_images(
+    cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]], kept_rows: dict[str, str]
+) -> dict[str, np.ndarray]:
+    """The image column of every split: pixel arrays as they are, or encoded images decoded (and cached;
+    ``kept_rows``: the digest of each split's rows left after ``data.missing=drop``, part of the cache key)."""
     import pyarrow as pa
 
     columns = {split: _column(table, cfg.image_column, "data.image_column", paths[split][0]) for split, table in tables.items()}
@@ -413,7 +608,7 @@ def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tupl
             )
         if column.null_count:
             raise ConfigError(
-                "data.image_column", f"column {cfg.image_column!r} of {path} has {column.null_count} missing images", within=None
+                "data.image_column", f"column {cfg.image_column!r} of {path} has {column.null_count} images without bytes", within=None
             )
         return column.to_pylist()
 
@@ -430,6 +625,7 @@ def _table_images(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tupl
         "files": [_file_stamp(path) for path, _ in paths.values()],
         "image_column": cfg.image_column,
         "image_size": cfg.image_size,
+        **({"kept_rows": kept_rows} if kept_rows else {}),  # keys of tables without drops are those of earlier versions
     }
     return cached_arrays(Path(cfg.root) / "cache", "table-images", key, decode)
 
@@ -449,8 +645,6 @@ def _pixel_arrays(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     import pyarrow.compute as pc
 
     where = f"data.image_column: column {cfg.image_column!r} of {path}"
-    if column.null_count:
-        raise ConfigError(None, f"{where} has {column.null_count} missing images", within=None)
     shape, values = [], column
     while _is_list(values.type):
         lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
@@ -508,8 +702,6 @@ def _pixel_bytes(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     ``data.image_size`` = H = W) as uint8 ``[N, C, H, W]``, straight from the column's buffer: the
     fastest layout to load (Parquet reads it without per-value decoding)."""
     where = f"data.image_column: column {cfg.image_column!r} of {path}"
-    if column.null_count:
-        raise ConfigError(None, f"{where} has {column.null_count} missing images", within=None)
     width, size = column.type.byte_width, cfg.image_size
     if size is None or width % (size * size):
         raise ConfigError(
@@ -519,43 +711,97 @@ def _pixel_bytes(column: Any, cfg: DataConfig, path: Path) -> np.ndarray:
     return pixels.reshape(len(column), width // (size * size), size, size).copy()
 
 
-def _table_sequences(
-    cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]
-) -> tuple[dict[str, np.ndarray], int | None]:
-    """The sequence column of every split as left-padded int64 ``[N, T]`` token ids, and the
-    vocabulary size (text: its characters; integer lists: None, the largest id decides)."""
+def load_tokenizer(path: str) -> Any:
+    """The Hugging Face tokenizer saved (``save_pretrained``) in the directory ``path`` (``data.tokenizer``),
+    read from local files only. Needs transformers (``pip install 'fedray[hf]'``), imported here so that
+    runs without a tokenizer never load it."""
+    directory = existing_path(path, "data.tokenizer", "tokenizer", directory=True)
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(
+            "data.tokenizer", f"reading the tokenizer {path} needs the transformers package: pip install 'fedray[hf]'", within=None
+        ) from None
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # no tokenizer files, an unknown or damaged format
+        raise ConfigError(
+            "data.tokenizer",
+            f"cannot load a tokenizer from {path}: {(str(error).strip().splitlines() or [type(error).__name__])[0][:300]}",
+            within=None,
+        ) from None
+
+
+def tokenized(tokenizer: Any, texts: list[str], end_of_row: bool) -> list[np.ndarray]:
+    """Every text's int64 token ids. ``end_of_row``: without the tokenizer's own special tokens, each
+    text followed by its end-of-text token (where it has one), as texts are joined into one stream;
+    otherwise with them, as a model trained with the tokenizer saw single texts."""
+    if end_of_row:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        return [np.asarray(row + end, dtype=np.int64) for row in ids]
+    return [np.asarray(row, dtype=np.int64) for row in tokenizer(texts)["input_ids"]]
+
+
+def _encoded_sequences(
+    cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]], end_of_row: bool
+) -> tuple[dict[str, list[np.ndarray]], int | None]:
+    """The sequence column of every split as one int64 id array a row, and the vocabulary size: text
+    through ``data.tokenizer`` (its vocabulary) or as characters (the training text's, see the module
+    docstring; ``end_of_row``: a newline ends every row), integer lists as given (the tokenizer's
+    vocabulary where one is set, which every id must then be in; else None, the largest id decides)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     columns = {split: _column(table, cfg.sequence_column, "data.sequence_column", paths[split][0]) for split, table in tables.items()}
-    sequences: dict[str, list[np.ndarray]] = {}
-    vocab_size = None
-    train_type = columns["train"].type
-    if pa.types.is_string(train_type) or pa.types.is_large_string(train_type):
-        alphabet = alphabet_of("".join(columns["train"].drop_null().to_pylist()))
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer is not None else None
+    text = pa.types.is_string(columns["train"].type) or pa.types.is_large_string(columns["train"].type)
+    vocab_size = None if tokenizer is None else len(tokenizer)
+    if text and tokenizer is None:
+        alphabet = alphabet_of("".join(columns["train"].to_pylist()) + ("\n" if end_of_row else ""))
         vocab_size = vocab_size_of(alphabet)
+    sequences: dict[str, list[np.ndarray]] = {}
     for split, column in columns.items():
         path = paths[split][0]
-        if column.null_count:
-            raise ConfigError(
-                "data.sequence_column", f"column {cfg.sequence_column!r} of {path} has {column.null_count} missing values", within=None
-            )
-        if vocab_size is not None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            sequences[split] = [encode_characters(text, alphabet) for text in column.to_pylist()]
+        if text and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            texts = column.to_pylist()
+            if tokenizer is not None:
+                sequences[split] = tokenized(tokenizer, texts, end_of_row)
+            else:
+                sequences[split] = [encode_characters(text + "\n" if end_of_row else text, alphabet) for text in texts]
         elif (
-            vocab_size is None
+            not text
             and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type))
             and pa.types.is_integer(column.type.value_type)
         ):
             lengths = pc.list_value_length(column).to_numpy()
             values = column.flatten().to_numpy().astype(np.int64)
             sequences[split] = np.split(values, np.cumsum(lengths)[:-1])
+            bad = (values < 0) | (values >= (vocab_size if vocab_size is not None else np.iinfo(np.int64).max))
+            if bad.any():
+                row = int(pc.list_parent_indices(column).to_numpy()[np.argmax(bad)])
+                allowed = f"0..{vocab_size - 1} (the vocabulary of data.tokenizer)" if vocab_size is not None else ">= 0"
+                raise ConfigError(
+                    "data.sequence_column",
+                    f"row {row} of {path} holds the token id {values[np.argmax(bad)]}; ids must be {allowed}",
+                    within=None,
+                )
         else:
             raise ConfigError(
                 "data.sequence_column",
-                f"column {cfg.sequence_column!r} of {path} holds {column.type}; expected lists of integers or text (like the training file's)",
+                f"column {cfg.sequence_column!r} of {path} holds {column.type}; "
+                "expected lists of integers or text (like the training file's)",
                 within=None,
             )
+    return sequences, vocab_size
+
+
+def _table_sequences(
+    cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]
+) -> tuple[dict[str, np.ndarray], int | None]:
+    """The sequence column of every split as left-padded int64 ``[N, T]`` token ids, and the
+    vocabulary size (text: its characters or the tokenizer's; integer lists: None, the largest id decides)."""
+    sequences, vocab_size = _encoded_sequences(cfg, tables, paths, end_of_row=False)
     longest = max(len(sequence) for split_sequences in sequences.values() for sequence in split_sequences)
     seq_len = cfg.seq_len if cfg.seq_len is not None else longest
     padded = {}
@@ -573,25 +819,91 @@ def _table_sequences(
     return padded, vocab_size
 
 
-def _table_features(cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]) -> dict[str, np.ndarray]:
-    """The feature columns of every split as float32 ``[N, D]`` (missing values become NaN, which
-    :func:`~fedray.data.user.checked_user_data` refuses)."""
+def token_windows(tokens: np.ndarray, bounds: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Next-token windows of the streams ``tokens[bounds[i]:bounds[i+1]]``: inputs ``x`` and targets
+    ``y`` (both int64 ``[W, seq_len]``, ``y`` the tokens one position on) and the number of windows of
+    every stream.
+
+    A stream of L tokens gets windows starting every ``stride`` tokens while a window has a target,
+    up to the first that reaches the stream's end: those that fit are ``seq_len`` + 1 tokens of the
+    stream, the last may run past its end, where ``x`` is :data:`PAD_ID` and ``y``
+    :data:`~fedray.tasks.IGNORE_INDEX` (so a stream shorter than a window is still learnt from, and
+    no window reads two streams)."""
+    lengths = np.diff(bounds)
+    reaching_end = -(-np.maximum(lengths - seq_len - 1, 0) // stride)  # the first window that reaches the end
+    with_a_target = np.where(lengths >= 2, -(-(lengths - 1) // stride), 0)
+    counts = np.minimum(reaching_end + 1, with_a_target)
+    stream = np.repeat(np.arange(len(counts)), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    offsets = (np.arange(int(counts.sum())) - first) * stride  # each window's start within its stream
+    positions = offsets[:, None] + np.arange(seq_len)
+    ends = lengths[stream][:, None]
+    flat = bounds[stream][:, None] + positions
+    last = max(len(tokens) - 1, 0)
+    x = np.where(positions < ends, tokens[np.minimum(flat, last)], PAD_ID)
+    y = np.where(positions + 1 < ends, tokens[np.minimum(flat + 1, last)], IGNORE_INDEX)
+    return x.astype(np.int64), y.astype(np.int64), counts
+
+
+def _language_model_windows(
+    cfg: DataConfig,
+    tables: dict[str, Any],
+    paths: dict[str, tuple[Path, str]],
+    client_ids: dict[str, np.ndarray],
+    seed: int,
+    columns: dict[str, list[str]],
+) -> UserData:
+    """A language model's windows of a table (see the module docstring): every client's rows joined
+    into one token stream, cut by :func:`token_windows` into ``data.seq_len`` tokens every
+    ``data.stride``; the test rows are ``data.test_path``'s, or a seeded ``data.test_fraction`` share
+    of the rows (of every client's rows with ``data.partition=natural``), so no test text is trained on."""
+    sequences, vocab_size = _encoded_sequences(cfg, tables, paths, end_of_row=True)
+    rows = {split: np.arange(len(split_sequences)) for split, split_sequences in sequences.items()}
+    if "test" not in tables:
+        rows["train"], rows["test"] = test_split(len(sequences["train"]), client_ids.get("train"), cfg, seed)
+        sequences["test"] = sequences["train"]
+        if "train" in client_ids:
+            client_ids["test"] = client_ids["train"]
+    windows = {}
+    for split in ("train", "test"):
+        if split in client_ids:
+            names, owner = np.unique(client_ids[split], return_inverse=True)
+            owner = owner.reshape(-1)
+        else:  # one stream of all rows
+            names, owner = None, np.zeros(len(sequences[split]), dtype=np.int64)
+        order = rows[split][np.argsort(owner[rows[split]], kind="stable")]  # by client, then in the file's order
+        pieces = [sequences[split][row] for row in order]
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        lengths = [len(piece) for piece in pieces]
+        stream_lengths = np.bincount(owner[order], weights=lengths, minlength=1 if names is None else len(names)).astype(np.int64)
+        x, y, counts = token_windows(tokens, np.concatenate([[0], np.cumsum(stream_lengths)]), cfg.seq_len, cfg.stride or cfg.seq_len)
+        if len(x) == 0 and split == "test" and "test" not in tables:
+            raise ConfigError(
+                "data.test_fraction",
+                f"the held-out rows of {paths['train'][0]} hold no text to predict (with data.partition=natural, a client's only row "
+                f"stays in training); give the test text in data.test_path",
+                within=None,
+            )
+        if len(x) == 0:
+            raise ConfigError(paths[split][1], f"{paths[split][0]} holds no text to predict (no client's text has two tokens)", within=None)
+        windows[split] = (x, y, None if names is None else np.repeat(names, counts))
+    return UserData(
+        windows["train"][0],
+        windows["train"][1],
+        windows["test"][0],
+        windows["test"][1],
+        client_ids_train=windows["train"][2],
+        modality="tokens",
+        vocab_size=vocab_size,
+        columns=columns,
+    )
+
+
+def _table_features(names: list[str], tables: dict[str, Any], paths: dict[str, tuple[Path, str]]) -> dict[str, np.ndarray]:
+    """The feature columns ``names`` of every split as float32 ``[N, D]`` (infinite values are left to
+    :func:`~fedray.data.user.checked_user_data`, which refuses them)."""
     import pyarrow as pa
 
-    train = tables["train"]
-    if cfg.feature_columns is not None:
-        names = list(cfg.feature_columns)
-    else:
-        excluded = {cfg.label_column, cfg.client_column}
-        names = [
-            field.name
-            for field in train.schema
-            if field.name not in excluded and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))
-        ]
-        if not names:
-            raise ConfigError(
-                "data.feature_columns", f"{paths['train'][0]} has no numeric column besides the label (and client) column", within=None
-            )
     features = {}
     for split, table in tables.items():
         path = paths[split][0]

@@ -1,4 +1,4 @@
-"""Split a training set's labels among ``data.num_clients`` clients.
+"""Split a training set's labels among ``data.num_clients`` clients, and hold out test samples.
 
 Every partitioner returns a :class:`ClientPartition` (CSR index lists) whose clients are disjoint
 and together cover the training set (for ``dirichlet_equal_size`` with a long tail: its long-tailed
@@ -24,6 +24,10 @@ _HOPELESS_SHORT_CLIENTS = 5
 _MAX_CHUNK_DRAWS = 1000
 # dirichlet_equal_size: workers per chunk in the official code (``n_auxi_workers``).
 _WORKERS_PER_CHUNK = 10
+#: The partitions that skew the clients' labels: they need the task's partition labels.
+LABEL_SKEW_PARTITIONS = ("dirichlet", "dirichlet_equal_size", "shards")
+#: hold_out's stream of the seeded test split (independent of the other draws of one seed).
+TEST_STREAM = 0x5445
 
 
 def partition_labels(labels: np.ndarray, cfg: DataConfig, seed: int) -> ClientPartition:
@@ -78,6 +82,25 @@ def natural_partition(client_ids: np.ndarray, cfg: DataConfig) -> tuple[ClientPa
             within=None,
         )
     return clients, tuple(str(name) for name in names)
+
+
+def hold_out(num_samples: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded ``size``-sample subset of ``0..num_samples-1`` and the remaining indices, both
+    ascending. ``stream`` keeps draws for different purposes independent under one seed."""
+    held = np.sort(np.random.default_rng([seed, stream]).choice(num_samples, size, replace=False))
+    return held, np.setdiff1d(np.arange(num_samples), held)
+
+
+def test_split(num_samples: int, client_ids: np.ndarray | None, cfg: DataConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ascending (train, test) indices of data without a test set of its own: a seeded
+    ``data.test_fraction`` share of every client's samples with ``data.partition=natural`` (so every
+    client is tested as it trains; a client with one sample keeps it), else of all samples (at least one)."""
+    if cfg.partition == "natural" and client_ids is not None:
+        clients, _ = natural_clients(client_ids)
+        train_part, test_part = split_client_test(clients, cfg.test_fraction, seed)
+        return np.sort(train_part.indices), np.sort(test_part.indices)
+    test_index, train_index = hold_out(num_samples, max(1, round(cfg.test_fraction * num_samples)), seed, TEST_STREAM)
+    return train_index, test_index
 
 
 def split_client_test(partition: ClientPartition, fraction: float, seed: int) -> tuple[ClientPartition, ClientPartition]:

@@ -2,26 +2,34 @@
 
 Every loader of data that fedray did not curate (an image folder, a Parquet/CSV table, the function a
 config names, the built-in text and tabular benchmarks) produces a :class:`UserData`, and
-:func:`checked_user_data` checks it once: equal lengths, integer labels in range, finite features,
-token ids in the vocabulary. A failure is a :class:`~fedray.config.ConfigError` of one line that
-names where the data came from (``source``: the config key and file), so it stops ``fedray run``
-before Ray starts.
+:func:`checked_user_data` checks it once against the run's task (``data.task``, :mod:`fedray.tasks`):
+equal lengths, targets in the task's form (the task's own ``check_targets``), class labels in range,
+finite features, token ids in the vocabulary. A failure is a :class:`~fedray.config.ConfigError` of
+one line that names where the data came from (``source``: the config key and file), so it stops
+``fedray run`` before Ray starts.
 
 ``data.name: package.module:Name`` names a function or class that is called without arguments and
 returns a :class:`UserData`, or a pair ``(train, test)`` of torch ``Dataset`` objects (``test`` may be
-``None``) whose items are ``(x, label)``; fedray then reads every item once
+``None``) whose items are ``(x, target)``; fedray then reads every item once
 (:func:`materialize_torch_datasets`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from fedray.config import ConfigError, import_reference
 from fedray.data.base import MODALITIES
+from fedray.tasks import IGNORE_INDEX, LanguageModeling, Task
+
+#: The most classes (or token ids) that the largest label (or id) may imply without an explicit
+#: ``num_classes`` (``vocab_size``): a stray value such as 10**12 in a label column would otherwise size
+#: the partitioners' per-class arrays and the model's output layer.
+MAX_IMPLIED_CLASSES = 100_000
+MAX_IMPLIED_VOCABULARY = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -31,13 +39,22 @@ class UserData:
 
     - ``x_train``/``x_test``: images uint8 ``[N, C, H, W]``, token ids (integers) ``[N, T]`` or
       features (floats) ``[N, D]``;
-    - ``y_train``/``y_test``: integer labels ``[N]`` in ``0..num_classes-1``;
+    - ``y_train``/``y_test``: the targets of the run's task (``data.task``, :mod:`fedray.tasks`):
+      integer labels ``[N]`` in ``0..num_classes-1`` (classification), numbers ``[N]`` or ``[N, K]``
+      (regression), 0/1 ``[N, L]`` (multilabel), or the next token ids ``[N, T]`` of ``x``'s windows
+      (language modelling; :data:`~fedray.tasks.IGNORE_INDEX` where there is none);
     - ``client_ids_train``: each training sample's client (ints or strings), for
       ``data.partition: natural``;
     - ``modality``: ``"image"``, ``"tokens"`` or ``"features"`` (None: uint8 4-d arrays are images,
       integer 2-d arrays tokens, float 2-d arrays features);
-    - ``num_classes`` (None: the largest label + 1) and, for tokens, ``vocab_size`` (None: the
-      largest id + 1).
+    - ``num_classes``: the model's output size (None: the largest label + 1 of a classification, at
+      most :data:`MAX_IMPLIED_CLASSES`; the K outputs of a regression; the L labels of a multilabel
+      task; the vocabulary of a language model) and, for tokens, ``vocab_size`` (None: the largest id
+      + 1, at most :data:`MAX_IMPLIED_VOCABULARY`);
+    - ``columns``: for data read from a table, the columns it was made of, by role: ``inputs`` (the
+      feature, image or sequence columns), ``targets`` (the label or target columns) and, with
+      ``data.client_column``, ``client``; empty for other sources. It is what the run records of the
+      table (``DatasetInfo.columns``), so that a result can be traced to the columns it learnt from.
 
     Without ``x_test`` the test set is a seeded ``data.test_fraction`` share of the training set
     (with a natural partition: of every client's samples).
@@ -51,10 +68,11 @@ class UserData:
     modality: str | None = None
     num_classes: int | None = None
     vocab_size: int | None = None
+    columns: dict[str, list[str]] = field(default_factory=dict)
 
 
-def load_user_reference(reference: str) -> UserData:
-    """Call the function or class ``data.name`` names and check what it returns."""
+def load_user_reference(reference: str, task: type[Task]) -> UserData:
+    """Call the function or class ``data.name`` names and check what it returns for ``task``."""
     source = f"data.name={reference}"
     factory = import_reference(reference, "data.name")
     if not callable(factory):
@@ -75,16 +93,17 @@ def load_user_reference(reference: str) -> UserData:
             f"returned {type(returned).__name__}; expected fedray.data.UserData or a (train, test) pair of torch datasets",
             within=None,
         )
-    return checked_user_data(returned, source)
+    return checked_user_data(returned, source, task)
 
 
 def materialize_torch_datasets(train: Any, test: Any, source: str) -> UserData:
-    """Read every ``(x, label)`` item of two torch datasets (``test`` may be None) once into arrays.
+    """Read every ``(x, target)`` item of two torch datasets (``test`` may be None) once into arrays.
 
     ``x`` may be a tensor, a numpy array or a PIL image: a PIL image or a 3-d uint8 ``[H, W, C]``
     array is an image (made ``[C, H, W]``); a 3-d float tensor is an image on the 0..1 scale (as
     torchvision's ``ToTensor`` makes it) and is quantised to uint8; a 1-d array is token ids
-    (integers) or features (floats).
+    (integers) or features (floats). ``target`` is a number (a label or a regression target) or a
+    tensor or array (a target vector), stacked as they are for the task to check.
     """
 
     def read(dataset: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -97,8 +116,8 @@ def materialize_torch_datasets(train: Any, test: Any, source: str) -> UserData:
         if not items:
             raise ConfigError(source, f"the {split} dataset is empty", within=None)
         inputs = np.stack([_sample_array(x) for x, _ in items])
-        labels = np.asarray([int(y) for _, y in items])
-        return inputs, labels
+        targets = np.stack([np.asarray(y.numpy() if hasattr(y, "numpy") else y) for _, y in items])
+        return inputs, targets
 
     x_train, y_train = read(train, "train")
     x_test, y_test = read(test, "test") if test is not None else (None, None)
@@ -118,10 +137,11 @@ def _sample_array(x: Any) -> np.ndarray:
     return array
 
 
-def checked_user_data(data: UserData, source: str) -> UserData:
+def checked_user_data(data: UserData, source: str, task: type[Task]) -> UserData:
     """``data`` with its arrays in their modality's form (uint8 images, int64 tokens, float32
-    features, int64 labels) and ``modality``, ``num_classes`` and ``vocab_size`` filled in; raises a
-    one-line :class:`ConfigError` starting with ``source`` for any bad input."""
+    features) and its targets in ``task``'s (``task.check_targets``), ``modality``, ``num_classes``
+    and ``vocab_size`` filled in; raises a one-line :class:`ConfigError` starting with ``source`` for
+    any bad input."""
     modality = data.modality or _infer_modality(data.x_train, source)
     if modality not in MODALITIES:
         raise ConfigError(source, f"modality {modality!r} is not one of {', '.join(MODALITIES)}", within=None)
@@ -133,43 +153,55 @@ def checked_user_data(data: UserData, source: str) -> UserData:
     converted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for split, (x, y) in splits.items():
         x, y = np.asarray(x), np.asarray(y)
-        if x.shape[:1] != y.shape or y.ndim != 1:
+        if y.ndim == 0 or x.shape[:1] != y.shape[:1]:
             raise ConfigError(
                 source, f"x_{split} has {len(x)} rows but y_{split} has shape {y.shape}; they must have the same length", within=None
             )
         if len(y) == 0:
             raise ConfigError(source, f"the {split} split is empty", within=None)
-        converted[split] = (_inputs_of(x, modality, f"{source}: x_{split}"), _labels_of(y, f"{source}: y_{split}"))
-    x_train = converted["train"][0]
-    for split, (x, _) in converted.items():
+        converted[split] = (_inputs_of(x, modality, f"{source}: x_{split}"), _targets_of(y, task, f"{source}: y_{split}"))
+    x_train, y_train = converted["train"]
+    for split, (x, y) in converted.items():
         if x.shape[1:] != x_train.shape[1:]:
             raise ConfigError(source, f"x_{split} samples have shape {x.shape[1:]}, x_train samples {x_train.shape[1:]}", within=None)
+        if y.shape[1:] != y_train.shape[1:]:
+            raise ConfigError(source, f"y_{split} targets have shape {y.shape[1:]}, y_train targets {y_train.shape[1:]}", within=None)
     client_ids = data.client_ids_train
     if client_ids is not None:
         client_ids = np.asarray(client_ids)
-        if client_ids.shape != converted["train"][1].shape:
+        if client_ids.shape != y_train.shape[:1]:
             raise ConfigError(
                 source,
-                f"client_ids_train has shape {client_ids.shape}, y_train {converted['train'][1].shape}; they must have the same length",
+                f"client_ids_train has shape {client_ids.shape}, y_train {y_train.shape}; they must have the same length",
                 within=None,
             )
         if client_ids.dtype == object and any(value is None for value in client_ids):
             raise ConfigError(source, "client_ids_train has missing values", within=None)
-    num_classes = data.num_classes if data.num_classes is not None else int(converted["train"][1].max()) + 1
-    problem = label_range_problem(np.concatenate([y for _, y in converted.values()]), num_classes)
-    if problem is not None:
-        raise ConfigError(source, problem, within=None)
+    num_classes = data.num_classes
+    if task.class_labels:
+        if num_classes is None:
+            num_classes = _implied_count({"y_train": y_train}, MAX_IMPLIED_CLASSES, "label", "classes", "UserData.num_classes", source)
+        problem = label_range_problem(np.concatenate([y for _, y in converted.values()]), num_classes)
+        if problem is not None:
+            raise ConfigError(source, problem, within=None)
     vocab_size = None
     if modality == "tokens":
+        vocab_size = data.vocab_size
+        if vocab_size is None:
+            inputs = {f"x_{split}": x for split, (x, _) in converted.items()}
+            vocab_size = _implied_count(inputs, MAX_IMPLIED_VOCABULARY, "token id", "token ids", "UserData.vocab_size", source)
         largest_id = max(int(x.max()) for x, _ in converted.values())
-        vocab_size = data.vocab_size if data.vocab_size is not None else largest_id + 1
         if largest_id >= vocab_size:
             raise ConfigError(source, f"token id {largest_id} is out of range for a vocabulary of {vocab_size}", within=None)
+    if issubclass(task, LanguageModeling):
+        num_classes = _checked_next_tokens(converted, modality, vocab_size, num_classes, source)
+    elif num_classes is None:
+        num_classes = int(np.prod(y_train.shape[1:]))  # a regression's outputs, a multilabel task's labels
     test = converted.get("test", (None, None))
     return replace(
         data,
         x_train=x_train,
-        y_train=converted["train"][1],
+        y_train=y_train,
         x_test=test[0],
         y_test=test[1],
         client_ids_train=client_ids,
@@ -177,6 +209,60 @@ def checked_user_data(data: UserData, source: str) -> UserData:
         num_classes=num_classes,
         vocab_size=vocab_size,
     )
+
+
+def _targets_of(y: np.ndarray, task: type[Task], what: str) -> np.ndarray:
+    """``y`` in ``task``'s stored form; its refusal as a ConfigError (the task's line starts with ``what``)."""
+    try:
+        return task.check_targets(y, what)
+    except ValueError as error:
+        raise ConfigError(None, _first_line(error), within=None) from None
+
+
+def _implied_count(arrays: dict[str, np.ndarray], limit: int, value_name: str, count_name: str, explicit: str, source: str) -> int:
+    """The largest of the non-negative integers in ``arrays`` (by name, e.g. ``y_train``) + 1,
+    refused (with the array and row of the value) from ``limit`` on: such a value is far more often a
+    stray entry than a real class or token id, and it would size arrays and layers."""
+    for name, values in arrays.items():
+        largest = int(values.max())
+        if largest >= limit:
+            row = int(np.argmax(values.reshape(len(values), -1).max(axis=1)))
+            raise ConfigError(
+                f"{source}: {name}",
+                f"{value_name} {largest} in row {row} would make {largest + 1:,} {count_name}; more than {limit:,} need an explicit "
+                f"{explicit} (is it a stray value?)",
+                within=None,
+            )
+    return max(int(values.max()) for values in arrays.values()) + 1
+
+
+def _checked_next_tokens(
+    converted: dict[str, tuple[np.ndarray, np.ndarray]], modality: str, vocab_size: int | None, num_classes: int | None, source: str
+) -> int:
+    """The output size of a language model (``num_classes``, by default the vocabulary), with every
+    split's targets checked to be the next token ids of its windows: one per input position, each in
+    the vocabulary or :data:`~fedray.tasks.IGNORE_INDEX`."""
+    x_train, y_train = converted["train"]
+    if modality != "tokens" or vocab_size is None:
+        raise ConfigError(source, f"language modelling reads token ids [N, T]; x_train holds {modality}", within=None)
+    if y_train.shape[1:] != x_train.shape[1:]:
+        raise ConfigError(
+            source,
+            f"y_train has shape {y_train.shape}; language modelling needs one next token per input position, {x_train.shape}",
+            within=None,
+        )
+    size = vocab_size if num_classes is None else num_classes
+    for split, (_, y) in converted.items():
+        bad = (y != IGNORE_INDEX) & ((y < 0) | (y >= size))
+        if bad.any():
+            row, position = (int(i) for i in np.argwhere(bad)[0])
+            raise ConfigError(
+                source,
+                f"y_{split} row {row} position {position}: token id {int(y[row, position])} is out of range for {size} outputs "
+                f"(0..{size - 1}, or {IGNORE_INDEX} where there is no next token)",
+                within=None,
+            )
+    return size
 
 
 def label_range_problem(labels: np.ndarray, num_classes: int) -> str | None:
@@ -229,15 +315,6 @@ def _inputs_of(x: np.ndarray, modality: str, what: str) -> np.ndarray:
         row, column = (int(i) for i in np.argwhere(bad)[0])
         raise ConfigError(what, f"{int(bad.sum())} NaN or infinite feature value(s), the first in row {row}, column {column}", within=None)
     return features
-
-
-def _labels_of(y: np.ndarray, what: str) -> np.ndarray:
-    """Labels as int64, checked to be integers >= 0."""
-    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
-        raise ConfigError(what, f"labels must be integers, got {y.dtype}", within=None)
-    if int(y.min()) < 0:
-        raise ConfigError(what, f"label {int(y.min())} is out of range (labels must be >= 0)", within=None)
-    return y.astype(np.int64)
 
 
 def _first_line(error: BaseException) -> str:

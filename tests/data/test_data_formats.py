@@ -354,19 +354,49 @@ BAD_DATA = [
         "labels-not-integers",
         [*TABLE, "--set", "data.path=t.csv"],
         {"t.csv": "a,label\n1,0.5\n2,1\n"},
-        "data.label_column: labels must be integers",
+        "data.label_column: column 'label' of t.csv: labels must be integers, got float64 "
+        "(float targets are a regression: set data.task=regression)",
     ),
     (
         "nan-features",
         [*TABLE, "--set", "data.path=t.csv"],
         {"t.csv": "a,b,label\n1,,0\n2,3,1\n"},
-        "NaN or infinite feature value(s), the first in row 0, column 1",
+        "data.feature_columns: column 'b' of t.csv has 1 missing value(s) (null or NaN), the first in row 0; "
+        "drop such rows with data.missing=drop",
     ),
     (
         "infinite-features",
         [*TABLE, "--set", "data.path=t.parquet"],
         {"t.parquet": _parquet({"a": [1.0, float("inf")], "label": [0, 1]})},
         "NaN or infinite feature",
+    ),
+    (
+        "stray-huge-label",
+        [*TABLE, "--set", "data.path=t.csv"],
+        {"t.csv": "a,label\n1,0\n2,1\n3,1000000000000\n" + "".join(f"{i},{i % 2}\n" for i in range(20))},
+        "label 1000000000000 in row 2 would make 1,000,000,000,001 classes",
+    ),
+    (
+        "missing-value-in-a-regression-target",
+        [*TABLE, "--set", "data.path=t.csv", "--set", "data.task=regression", "--set", "data.target_columns=[y]"],
+        {"t.csv": "a,y\n1,0.5\n2,\n3,1.5\n"},
+        "data.target_columns: column 'y' of t.csv has 1 missing value(s) (null or NaN), the first in row 1",
+    ),
+    (
+        "language-model-on-a-label-skew-partition",
+        [
+            *TABLE,
+            "--set",
+            "data.path=t.csv",
+            "--set",
+            "data.task=language_modeling",
+            "--set",
+            "data.sequence_column=text",
+            "--set",
+            "data.seq_len=4",
+        ],
+        {"t.csv": "text\n" + "".join(f"some line {i}\n" for i in range(40))},
+        "data.partition: dirichlet skews labels, and language_modeling targets have none; use data.partition=natural, iid or quantity",
     ),
     (
         "csv-rows-of-different-lengths",
