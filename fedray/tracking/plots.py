@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.config.schema import DataConfig
 from fedray.layout import LEARNING_CURVE_PLOT, PARTITION_PLOT
 from fedray.tracking.callbacks import Callback, RunContext
 
@@ -65,10 +66,24 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: Path, title: str) -> N
     plt.close(fig)
 
 
+def partition_description(data: DataConfig) -> str:
+    """The partition and the parameter that shapes it, for a figure's title: ``α`` only where the
+    partition draws from a Dirichlet (a natural or iid partition has none: its default ``data.alpha``
+    would be misread as the run's)."""
+    if data.partition in ("dirichlet", "dirichlet_equal_size"):
+        long_tail = f", ρ={data.imbalance_ratio:g}" if data.partition == "dirichlet_equal_size" and data.imbalance_ratio > 1 else ""
+        return f"{data.partition}, α={data.alpha:g}{long_tail}"
+    if data.partition == "shards":
+        return f"shards, {data.classes_per_client} classes per client"
+    if data.partition == "quantity":
+        return f"quantity, σ={data.quantity_sigma:g}"
+    return data.partition
+
+
 class Plots(Callback):
     def _title(self, run: RunContext) -> str:
         cfg = run.config
-        return f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.data.partition}, α={cfg.data.alpha}, {cfg.data.num_clients} clients)"
+        return f"{cfg.algorithm.name} on {cfg.data.name} ({partition_description(cfg.data)}, {cfg.data.num_clients} clients)"
 
     def on_run_start(self, run: RunContext) -> None:
         counts = run.data.label_distribution(PARTITION_PLOT_CLIENTS)  # only those shown: 1,000,000 clients would take 80 MB
