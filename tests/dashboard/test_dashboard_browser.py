@@ -153,6 +153,18 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
+def test_screenshots_go_to_a_folder_that_git_ignores_and_tracks_nothing_in():
+    """Running the suite must leave the checkout clean: no screenshot may overwrite a tracked file."""
+    repo = ARTIFACTS.parent.parent
+    git = shutil.which("git")
+    if git is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run([git, "ls-files", "--", str(ARTIFACTS)], cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert tracked.splitlines() == []
+    ignored = subprocess.run([git, "check-ignore", "--quiet", "--no-index", str(ARTIFACTS / "dashboard_sweep.png")], cwd=repo)
+    assert ignored.returncode == 0
+
+
 def check_sweep_page(page, sweep: Path, swept_keys: list[str]) -> list[dict]:
     """What every sweep page must show: every trial, the best one marked, one curve per trial with
     one point per reported round, parallel coordinates with one axis per swept key plus the metric,
