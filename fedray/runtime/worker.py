@@ -4,6 +4,11 @@
 It holds the dataset on its device once (principle 4), one model per architecture key, and a client
 state cache backed by the run's client state store (principle 5; :mod:`fedray.runtime.state_store`). It is a plain class; the server wraps it with
 ``ray.remote`` and pins it to a placement-group bundle with a fractional GPU.
+
+With ``train.vectorize`` (``on``, or ``auto`` where the algorithm and model allow it) a round's
+clients are trained in groups of ``resources.vectorize_group`` (or as many as fit), each group as
+one batched computation (:mod:`fedray.algorithms.vectorized`); each client's update then takes the
+same upload path and reduction as the loop's, in the same order.
 """
 
 from __future__ import annotations
@@ -18,7 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.algorithms import Algorithm, ClientContext, get_algorithm_class
+from fedray.algorithms import Algorithm, ClientContext, ClientUpdate, get_algorithm_class
+from fedray.algorithms.vectorized import (
+    VECTORIZED,
+    automatic_group_size,
+    check_vectorizable,
+    is_out_of_memory,
+    loop_reason,
+    refusal,
+    train_group,
+)
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
@@ -37,7 +51,23 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mal
 
 
 def build_algorithm(config: RunConfig, data: FederatedDataset) -> Algorithm:
-    return get_algorithm_class(config.algorithm.name)(config, data.info)
+    """The run's algorithm; with ``train.vectorize=on``, a :class:`~fedray.config.ConfigError` when
+    the algorithm, the config or the model (built on the meta device: shapes and module types only)
+    cannot be vectorised, so that :func:`fedray.runtime.experiment.prepare_data` refuses the run before Ray."""
+    algorithm = get_algorithm_class(config.algorithm.name)(config, data.info)
+    if config.train.vectorize == "on":
+        check_vectorizable(config, algorithm, _model_shapes(algorithm))
+    return algorithm
+
+
+def _model_shapes(algorithm: Algorithm) -> FedModel | None:
+    """The algorithm's global model on the meta device (no memory, no draw from torch's RNG), or
+    None where it cannot be built there (the worker checks the real model then)."""
+    try:
+        with torch.device("meta"):
+            return algorithm.build_model(algorithm.model_key(None))
+    except Exception:  # noqa: BLE001 - prepare_data reports a model that does not build
+        return None
 
 
 def _as_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -104,6 +134,8 @@ class ClientWorker:
         self.models: dict[str, FedModel] = {}
         self.upload_path = ClientUploadPath.for_run(self.config, self.algorithm, data.num_clients)  # None: privacy, robust, compression off
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
+        self.training_path: str | None = None  # train.vectorize: "vectorized" or "loop: <reason>", decided at the first round
+        self.vectorize_group: int | None = self.config.resources.vectorize_group  # None: sized at the first round
 
     # ------------------------------------------------------------------ helpers
     def model_for(self, client_id: int | None) -> FedModel:
@@ -152,19 +184,89 @@ class ClientWorker:
         """Train the given clients in order and return their reduced updates."""
         broadcast = tensors_to(broadcast, self.device)  # one host-to-device copy a round, not one a client
         partial = PartialResult()
+        if self.config.train.vectorize != "off" and self.vectorized():
+            self.run_clients_vectorized(round, tasks, broadcast, partial)
+            return partial.to_cpu()
         for client_id, state_version, checkpoint_versions in tasks:
             ctx, residual = self.client_context_and_residual(round, client_id, state_version)
             update = call_algorithm(self.algorithm, "client_update", round, client_id, ctx, broadcast)
-            if update.state is not None and not self.algorithm.keeps_client_state:
-                raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
-            if self.upload_path is not None:
-                if update.state is None and self.upload_path.keeps_residuals:  # stored anew next to the new residual
-                    update = dataclasses.replace(update, state=ctx.state)
-                update = self.upload_path.apply(round, client_id, update, broadcast, residual)
-            if partial.add(client_id, update) and update.state is not None:
-                self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
-                partial.stateful_clients.append(client_id)
+            self.add_update(partial, round, (client_id, state_version, checkpoint_versions), ctx, residual, update, broadcast)
         return partial.to_cpu()
+
+    def add_update(
+        self,
+        partial: PartialResult,
+        round: int,
+        task: ClientTask,
+        ctx: ClientContext,
+        residual: torch.Tensor | None,
+        update: ClientUpdate,
+        broadcast: dict[str, Any],
+    ) -> None:
+        """Put one client's update through the upload path into ``partial`` and store its new state."""
+        client_id, state_version, checkpoint_versions = task
+        if update.state is not None and not self.algorithm.keeps_client_state:
+            raise TypeError(f"algorithm {self.algorithm.name} returned client state but does not set keeps_client_state = True")
+        if self.upload_path is not None:
+            if update.state is None and self.upload_path.keeps_residuals:  # stored anew next to the new residual
+                update = dataclasses.replace(update, state=ctx.state)
+            update = self.upload_path.apply(round, client_id, update, broadcast, residual)
+        if partial.add(client_id, update) and update.state is not None:
+            self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
+            partial.stateful_clients.append(client_id)
+
+    # ------------------------------------------------------------------ vectorised training
+    def vectorized(self) -> bool:
+        """Whether this run trains its clients vectorised (``train.vectorize`` on or auto), decided
+        once, at the first round, on the algorithm, the config and the real model; ``auto`` logs
+        which path it took. ``on`` with a model that cannot be vectorised is a ConfigError (found
+        before Ray by :func:`build_algorithm` wherever the model builds on the meta device)."""
+        if self.training_path is None:
+            reason = loop_reason(self.config, self.algorithm)
+            if reason is None:  # only a vectorisable algorithm's model is built here: its clients' own ("global")
+                reason = loop_reason(self.config, self.algorithm, self.model_for(None))
+            if reason is not None and self.config.train.vectorize == "on":
+                raise refusal(reason)
+            self.training_path = VECTORIZED if reason is None else f"loop: {reason}"
+            logger.info("train.vectorize=%s: clients train %s", self.config.train.vectorize, self.training_path)
+        return self.training_path == VECTORIZED
+
+    def group_size(self) -> int:
+        """``resources.vectorize_group``, or the automatic size (:func:`automatic_group_size`), once a run."""
+        if self.vectorize_group is None:
+            model = self.model_for(None)
+            sample = self.data.info.dummy_input().to(self.device)
+            self.vectorize_group = automatic_group_size(
+                model, sample, self.config.train.batch_size, self.device, self.config.resources.gpus_per_worker
+            )
+            logger.info("train.vectorize: groups of at most %d clients (from the memory estimate)", self.vectorize_group)
+        return self.vectorize_group
+
+    def run_clients_vectorized(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any], partial: PartialResult) -> None:
+        """:meth:`run_clients`'s training in groups of consecutive tasks, each trained as one batched
+        computation; every client's update is then added in the tasks' order, as the loop adds it.
+        A group that runs out of memory is halved (the group size too, for the rest of the run) and
+        trained again from fresh contexts (the same seeded draws)."""
+        position = 0
+        while position < len(tasks):
+            group = tasks[position : position + self.group_size()]
+            contexts = [self.client_context_and_residual(round, client_id, version) for client_id, version, _ in group]
+            try:
+                updates = train_group(self.algorithm, [ctx for ctx, _ in contexts], broadcast)
+            except Exception as error:
+                if not is_out_of_memory(error) or len(group) == 1:
+                    raise
+                del contexts
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.vectorize_group = max(1, len(group) // 2)
+                logger.warning(
+                    "train.vectorize: a group of %d clients ran out of memory; groups of %d from now on", len(group), self.vectorize_group
+                )
+                continue
+            for task, (ctx, residual), update in zip(group, contexts, updates, strict=True):
+                self.add_update(partial, round, task, ctx, residual, update, broadcast)
+            position += len(group)
 
     def run_client_groups(self, groups: list[tuple[int, list[ClientTask]]], *broadcasts: dict[str, Any]) -> list[PartialResult]:
         """:meth:`run_clients` for each ``(round, tasks)`` of ``groups`` with ``broadcasts[i]``, one
