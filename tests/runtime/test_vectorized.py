@@ -1,0 +1,265 @@
+"""Vectorised local training (``train.vectorize``, :mod:`fedray.algorithms.vectorized`) against the loop.
+
+Tolerance: the vectorised path does the loop's maths, not its bits. Its batched kernels (``bmm`` for
+a stack of ``Linear`` layers, grouped convolutions for a stack of ``Conv2d``, a weighted sum of
+per-sample losses for a partial batch) add in another order than the loop's per-client kernels, and
+SGD carries those float32 roundings from step to step. One round's uploads (each client's flat
+weights and its loss terms) are therefore compared with ``torch.testing.assert_close(rtol=1e-5,
+atol=1e-6)``: a few float32 ulps (2⁻²³ ≈ 1.2e-7) times the handful of steps of a tiny client, and
+well below any change of the maths (a step more or less, a wrong batch, a missed mask, a gradient
+not divided by the real batch size all move weights by more than 1e-3). A vectorised run is itself
+deterministic (bit for bit), and ``train.vectorize: off`` is the loop, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fedray.runtime.worker as worker_module
+from fedray import load_config
+from fedray.algorithms import get_algorithm_class
+from fedray.algorithms.vectorized import VECTORIZED, loop_reason, num_steps, train_group, vectorized_path
+from fedray.config import ConfigError
+from fedray.data import build_federated_dataset
+from fedray.models import build_model, get_flat_weights
+from fedray.runtime.worker import ClientWorker
+from fedray.testing import Federation
+
+RTOL, ATOL = 1e-5, 1e-6
+
+#: Ragged clients: Dirichlet sizes, batch 8, two epochs: partial last batches and different step counts.
+RAGGED = [
+    "data.num_clients=12",
+    "data.partition=dirichlet",
+    "data.alpha=0.5",
+    "train.clients_per_round=6",
+    "train.local_epochs=2",
+    "train.batch_size=8",
+    "train.lr=0.1",
+    "resources.num_workers=1",
+    "resources.backend=local",
+]
+#: SGD with every option the vectorised step implements.
+FULL_SGD = ["train.momentum=0.9", "train.weight_decay=0.001", "train.grad_clip=0.5", "train.lr_decay=0.9"]
+
+CASES = {
+    "fedavg-mlp-features": ["algorithm.name=fedavg", "data.name=breast_cancer", "model.name=mlp", "model.width=16"],
+    "fedprox-mlp-features": ["algorithm.name=fedprox", "algorithm.mu=0.5", "data.name=breast_cancer", "model.name=mlp", "model.width=16"],
+    "fedavg-mlp-digits": ["algorithm.name=fedavg", "model.name=mlp", "model.width=32"],
+    "fedavg-cnn": ["algorithm.name=fedavg", "model.name=cnn_small", "model.width=4"],
+    "fedprox-cnn-crop-flip": [
+        "algorithm.name=fedprox",
+        "algorithm.mu=0.5",
+        "model.name=cnn_small",
+        "model.width=4",
+        "data.augmentation=crop_flip",
+    ],
+    "fedadam-cnn": ["algorithm.name=fedadam", "model.name=cnn_small", "model.width=4"],
+}
+
+
+def make_worker(tmp_path, overrides: list[str]) -> ClientWorker:
+    config = load_config(None, [*RAGGED, *overrides])
+    data = build_federated_dataset(config.data, config.seed)
+    return ClientWorker(config.to_dict(), data, str(tmp_path), use_gpu=False)
+
+
+def uploads(updates) -> list[tuple[torch.Tensor, dict[str, float]]]:
+    """Each client's flat weights (n·w / n: exact for these sizes) and metrics."""
+    return [((update.sums["weights"] / update.sums["num_samples"]).float(), update.metrics) for update in updates]
+
+
+def assert_same_uploads(vectorised, loop) -> None:
+    assert len(vectorised) == len(loop)
+    for (weights, metrics), (loop_weights, loop_metrics) in zip(vectorised, loop, strict=True):
+        torch.testing.assert_close(weights, loop_weights, rtol=RTOL, atol=ATOL)
+        assert list(metrics) == list(loop_metrics)  # the same terms, in the same order
+        torch.testing.assert_close(torch.tensor(list(metrics.values())), torch.tensor(list(loop_metrics.values())), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+@pytest.mark.parametrize("sgd", ["plain", "momentum-decay-clip"])
+def test_one_rounds_uploads_equal_the_loops(tmp_path, case, sgd):
+    overrides = CASES[case] + (FULL_SGD if sgd != "plain" else []) + ["train.vectorize=on"]
+    worker = make_worker(tmp_path, overrides)
+    torch.manual_seed(0)
+    broadcast = {"weights": get_flat_weights(worker.model_for(None)) + 0.01 * torch.randn(1)}  # not the fresh model
+    clients, round = [0, 3, 4, 7, 9, 11], 2  # round 2: train.lr_decay applies
+    contexts = [worker.client_context(round, client, -1) for client in clients]
+    steps = [num_steps(ctx) for ctx in contexts]
+    assert len(set(steps)) > 1, steps  # clients stop at different steps
+    assert any(ctx.num_samples % ctx.train.batch_size for ctx in contexts)  # and have partial batches
+    vectorised = uploads(train_group(worker.algorithm, contexts, broadcast))
+    loop = uploads([worker.algorithm.client_update(worker.client_context(round, client, -1), broadcast) for client in clients])
+    assert_same_uploads(vectorised, loop)
+    assert all(not torch.equal(weights, broadcast["weights"]) for weights, _ in vectorised)
+
+
+def partial_of(worker: ClientWorker, tasks, broadcast):
+    partial = worker.run_clients(1, tasks, broadcast)
+    return partial.sums["weights"] / partial.sums["num_samples"], partial.client_metrics
+
+
+@pytest.mark.parametrize(("algorithm", "model"), [("fedavg", "cnn_small"), ("fedprox", "mlp")])
+def test_a_workers_round_in_groups_equals_the_loop(tmp_path, algorithm, model):
+    """Groups of any size give the loop's result. An MLP's client gives the same bits in any group (a
+    stack of matrix products computes each client's alone); a CNN's within the tolerance (a grouped
+    convolution's kernel depends on the number of groups)."""
+    overrides = [f"model.name={model}", "model.width=4", f"algorithm.name={algorithm}", *FULL_SGD]
+    loop = make_worker(tmp_path / "loop", overrides)
+    torch.manual_seed(0)
+    broadcast = {"weights": get_flat_weights(loop.model_for(None))}
+    tasks = [(client, -1, ()) for client in range(12)]
+    loop_mean, loop_metrics = partial_of(loop, tasks, broadcast)
+    assert loop.training_path is None  # off: never decided, the loop as before
+    for group in (12, 5, 1):
+        worker = make_worker(tmp_path / str(group), overrides + ["train.vectorize=on", f"resources.vectorize_group={group}"])
+        mean, metrics = partial_of(worker, tasks, broadcast)
+        assert worker.training_path == VECTORIZED
+        torch.testing.assert_close(mean, loop_mean, rtol=RTOL, atol=ATOL)
+        assert list(metrics) == list(loop_metrics)
+        for client, values in loop_metrics.items():
+            assert list(metrics[client]) == list(values)
+            torch.testing.assert_close(
+                torch.tensor(list(metrics[client].values())), torch.tensor(list(values.values())), rtol=RTOL, atol=ATOL
+            )
+        if group == 12:
+            whole = mean
+        elif model == "mlp":
+            assert torch.equal(mean, whole)
+
+
+def test_a_group_that_runs_out_of_memory_is_halved_with_the_same_result(tmp_path, monkeypatch):
+    overrides = ["model.name=mlp", "model.width=16", "train.vectorize=on", "resources.vectorize_group=12"]
+    reference, worker = make_worker(tmp_path / "a", overrides), make_worker(tmp_path / "b", overrides)
+    broadcast = {"weights": get_flat_weights(reference.model_for(None))}
+    tasks = [(client, -1, ()) for client in range(12)]
+    expected = partial_of(reference, tasks, broadcast)
+    real = worker_module.train_group
+    sizes = []
+
+    def small_memory(algorithm, contexts, broadcast):
+        sizes.append(len(contexts))
+        if len(contexts) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(algorithm, contexts, broadcast)
+
+    monkeypatch.setattr(worker_module, "train_group", small_memory)
+    result = partial_of(worker, tasks, broadcast)
+    assert sizes == [12, 6, 3, 3, 3, 3]
+    assert worker.vectorize_group == 3
+    assert torch.equal(result[0], expected[0]) and result[1] == expected[1]
+
+
+def test_a_vectorised_run_is_deterministic_and_off_is_the_loop(tmp_path):
+    overrides = ["model.name=cnn_small", "model.width=4", "train.local_epochs=1", "train.momentum=0.5"]
+    first = Federation(tmp_path / "first", [*overrides, "train.vectorize=on"])
+    second = Federation(tmp_path / "second", [*overrides, "train.vectorize=on"])
+    loop = Federation(tmp_path / "loop", [*overrides, "train.vectorize=off"])
+    for round in (1, 2):
+        rows = [federation.run_round(round) for federation in (first, second, loop)]
+        assert rows[0] == rows[1]
+        assert math.isclose(rows[0]["train_loss"], rows[2]["train_loss"], rel_tol=1e-5)
+    assert torch.equal(first.state["weights"], second.state["weights"])
+    torch.testing.assert_close(first.state["weights"], loop.state["weights"], rtol=RTOL, atol=ATOL)
+    assert first.worker.training_path == VECTORIZED and loop.worker.training_path is None
+
+
+def test_auto_trains_what_cannot_be_vectorised_as_the_loop(tmp_path):
+    overrides = ["model.name=cnn_small", "model.width=4", "algorithm.name=scaffold"]
+    auto = Federation(tmp_path / "auto", [*overrides, "train.vectorize=auto"])
+    off = Federation(tmp_path / "off", [*overrides, "train.vectorize=off"])
+    assert auto.run_round(1) == off.run_round(1)
+    assert torch.equal(auto.state["weights"], off.state["weights"])
+    assert (
+        auto.worker.training_path
+        == "loop: algorithm scaffold does not declare vectorizable (its client update is not written as pure batched functions)"
+    )
+
+
+def config_and_model(overrides: list[str]):
+    config = load_config(None, ["train.vectorize=auto", *overrides])
+    info = build_federated_dataset(config.data, config.seed).info
+    algorithm = get_algorithm_class(config.algorithm.name)(config, info)
+    return config, algorithm, build_model(config.model, info)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algorithm.name=fedavg"], VECTORIZED),
+        (["algorithm.name=fedprox", "model.name=mlp"], VECTORIZED),
+        (["algorithm.name=fedavgm"], VECTORIZED),  # FedAvg's client step, inherited
+        (["algorithm.name=fedyogi"], VECTORIZED),
+        (["algorithm.name=fedlc"], "loop: algorithm fedlc overrides local_loss of FedAvg"),
+        (["algorithm.name=moon", "model.projection_dim=8"], "loop: algorithm moon does not declare vectorizable"),
+        (["train.optimizer=adam"], "loop: train.optimizer=adam"),
+        (["model.name=resnet8"], "loop: model ResNet has BatchNorm"),
+        (["train.vectorize=off"], "loop: train.vectorize=off"),
+    ],
+)
+def test_which_path_a_run_takes(overrides, expected):
+    config, algorithm, model = config_and_model(overrides)
+    assert vectorized_path(config, algorithm, model).startswith(expected)
+
+
+def test_dropout_frozen_and_buffered_models_train_as_the_loop():
+    config, algorithm, model = config_and_model([])
+    assert loop_reason(config, algorithm, model) is None
+    assert "dropout" in loop_reason(config, algorithm, torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)))
+    assert loop_reason(config, algorithm, torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0))) is None
+    assert "recurrent" in loop_reason(config, algorithm, torch.nn.LSTM(2, 2))
+    frozen = torch.nn.Linear(2, 2)
+    frozen.bias.requires_grad_(False)
+    assert "frozen" in loop_reason(config, algorithm, frozen)
+    buffered = torch.nn.Linear(2, 2)
+    buffered.register_buffer("scale", torch.ones(1))
+    assert "float buffers (scale)" in loop_reason(config, algorithm, buffered)
+
+
+def test_on_refuses_before_the_run_and_auto_does_not():
+    config = load_config(None, ["train.vectorize=on", "algorithm.name=scaffold"])
+    data = build_federated_dataset(config.data, config.seed)
+    with pytest.raises(ConfigError, match="train.vectorize: on, but algorithm scaffold does not declare vectorizable"):
+        worker_module.build_algorithm(config, data)
+    with pytest.raises(ConfigError, match="model ResNet has BatchNorm"):  # found on the meta device
+        worker_module.build_algorithm(load_config(None, ["train.vectorize=on", "model.name=resnet8"]), data)
+    worker_module.build_algorithm(load_config(None, ["train.vectorize=auto", "algorithm.name=scaffold"]), data)
+
+
+def test_on_with_an_unsupported_algorithm_exits_2_with_one_line(tmp_path):
+    from test_bad_inputs import assert_rejected, run_fedray
+
+    args = ["run", "--set", "train.vectorize=on", "--set", "algorithm.name=scaffold", "--set", f"output.dir={tmp_path / 'runs'}"]
+    result = run_fedray(args, tmp_path)
+    assert_rejected(result, "train.vectorize: on, but algorithm scaffold does not declare vectorizable")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "upload",
+    [
+        [
+            "systems.enabled=true",
+            "systems.compression.method=topk",
+            "systems.compression.topk_fraction=0.2",
+            "systems.compression.error_feedback=true",
+        ],
+        ["privacy.mechanism=local", "privacy.clip=0.5", "privacy.noise_multiplier=0.3"],
+    ],
+    ids=["topk-error-feedback", "local-dp"],
+)
+def test_each_clients_update_takes_the_upload_path(tmp_path, upload):
+    """Top-k compression with error feedback (a residual stored per client) and local DP (clipping
+    and seeded noise per client) apply to each client's vectorised update as to the loop's."""
+    overrides = ["model.name=mlp", "model.width=16", *upload]
+    vectorised = Federation(tmp_path / "on", [*overrides, "train.vectorize=on"])
+    loop = Federation(tmp_path / "off", overrides)
+    for round in (1, 2, 3):  # with error feedback, rounds 2 and 3 start from the residuals stored in round 1
+        vectorised.run_round(round, [0, 1, 2, 3])
+        loop.run_round(round, [0, 1, 2, 3])
+        torch.testing.assert_close(vectorised.state["weights"], loop.state["weights"], rtol=RTOL, atol=ATOL)
+    assert vectorised.worker.training_path == VECTORIZED
