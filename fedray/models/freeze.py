@@ -33,8 +33,7 @@ def freeze_parameters(model: FedModel, prefixes: list[str], loaded: set[str] | N
     if unmatched:
         raise ConfigError(
             "model.freeze",
-            f"{', '.join(map(repr, unmatched))} matches no parameter of {type(model).__name__} "
-            f"(its parameters are in {_modules([name for name, _ in named])})",
+            f"{unmatched[0]!r} matches no parameter of {type(model).__name__} ({_nearest([name for name, _ in named], unmatched[0])})",
         )
     state = model.state_dict(keep_vars=True)
     for p in (p for _, p in named if id(p) in frozen):
@@ -58,9 +57,15 @@ def freeze_parameters(model: FedModel, prefixes: list[str], loaded: set[str] | N
         )
 
 
-def _modules(names: list[str], limit: int = 8) -> str:
-    """The first ``limit`` modules that hold the parameters ``names``: what a prefix can name."""
-    return _some(list(dict.fromkeys(name.rpartition(".")[0] for name in names)), limit)
+def _nearest(names: list[str], prefix: str, limit: int = 8) -> str:
+    """What ``prefix`` could have named: the parts one level below the longest start of it that some
+    parameter name has (``encoder.layer`` → ``encoder.conv1, encoder.layer1, …``)."""
+    parts = prefix.rstrip(".").split(".")
+    depth = next((k for k in range(len(parts) - 1, 0, -1) if any(_matches(name, ".".join(parts[:k])) for name in names)), 0)
+    base = ".".join(parts[:depth])
+    below = [name.split(".")[: depth + 1] for name in names if not base or _matches(name, base)]
+    children = list(dict.fromkeys(".".join(part) for part in below if len(part) > depth))
+    return f"{'its parameters' if not base else 'the parameters under ' + base} are in {_some(children, limit)}"
 
 
 def _some(items: list[str], limit: int = 3) -> str:

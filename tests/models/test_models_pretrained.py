@@ -179,14 +179,18 @@ def test_freezing_a_part_the_file_did_not_supply_is_refused(tmp_path, imagenet_r
     assert "encoder.bn1.running_mean" in state_keys(backbone)
 
 
-@pytest.mark.parametrize("prefix", ["encoder.conv", "decoder", "encoder.conv1.weights"])
-def test_a_prefix_that_matches_no_parameter_is_refused_with_the_models_modules(cnn_weights, prefix):
-    """A prefix matches whole name parts: encoder.conv is not encoder.conv1."""
+@pytest.mark.parametrize(
+    ("prefix", "nearest"),
+    [
+        ("encoder.conv", "the parameters under encoder are in encoder.conv1, encoder.conv2, encoder.fc"),  # whole name parts
+        ("decoder", "its parameters are in encoder, classifier"),
+        ("encoder.conv1.weights", "the parameters under encoder.conv1 are in encoder.conv1.weight, encoder.conv1.bias"),
+    ],
+)
+def test_a_prefix_that_matches_no_parameter_is_refused_with_what_it_could_name(cnn_weights, prefix, nearest):
     with pytest.raises(ConfigError) as error:
         build_model(ModelConfig(init=cnn_weights, freeze=["encoder.fc", prefix]), DIGITS)
-    message = _one_line(error)
-    assert message.startswith(f"model.freeze: {prefix!r} matches no parameter of SmallCNN")
-    assert "its parameters are in encoder.conv1, encoder.conv2, encoder.fc, classifier" in message
+    assert _one_line(error) == f"model.freeze: {prefix!r} matches no parameter of SmallCNN ({nearest})"
 
 
 def test_the_layout_of_a_shapes_only_build_is_the_real_ones(cnn_weights):
