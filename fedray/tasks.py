@@ -142,7 +142,8 @@ class Classification(Task):
         if not np.issubdtype(y.dtype, np.integer) and not np.issubdtype(y.dtype, np.bool_):
             if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
                 return y.astype(np.int64)
-            raise ValueError(f"{where}: labels must be integers, got {y.dtype} (float targets are a regression: set data.task=regression)")
+            hint = " (float targets are a regression: set data.task=regression)" if np.issubdtype(y.dtype, np.floating) else ""
+            raise ValueError(f"{where}: labels must be integers, got {y.dtype}{hint}")
         y = y.astype(np.int64)
         if y.size and int(y.min()) < 0:
             raise ValueError(f"{where}: label {int(y.min())} is out of range (labels must be >= 0)")

@@ -34,6 +34,7 @@ DATASETS = (
     "pystdlib_chars",
     "breast_cancer",
     "wine",
+    "diabetes",
 )
 PARTITIONS = ("iid", "dirichlet", "dirichlet_equal_size", "shards", "quantity", "natural")
 
@@ -138,7 +139,8 @@ class DataConfig(Section):
         gt=0,
         le=100_000,
         description="pystdlib_chars: characters per sample (None: 80); table sequences: the length they "
-        "are padded to, a longer one is an error (None: the longest)",
+        "are padded to, a longer one is an error (None: the longest); data.task=language_modeling on a table: "
+        "the tokens of a window's input (required)",
     )
     max_samples_per_client: int | None = Field(
         None, gt=0, description="data.partition=natural: keep a seeded subset of at most this many samples per client"
@@ -171,6 +173,8 @@ class DataConfig(Section):
     augmentation: Literal["auto", "none", "crop_flip"] = "auto"
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
+    _absolute_tokenizer = field_validator("tokenizer")(classmethod(lambda cls, path: _absolute_path(path)))
+
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
@@ -193,6 +197,8 @@ class DataConfig(Section):
 
 TORCHVISION_PREFIX = "torchvision:"
 HF_PREFIX = "hf:"
+#: Files of a tokenizer saved with save_pretrained: an hf: model directory holding one tokenizes a text column.
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 class AdaptersConfig(Section):
@@ -248,6 +254,9 @@ class ModelConfig(Section):
     def _known_model(cls, name: str) -> str:
         from fedray.config.references import is_reference  # the references module imports this one
 
+        if name.startswith(HF_PREFIX):  # Ray actors run elsewhere than the caller's directory: pin a relative path to it
+            directory = Path(name.removeprefix(HF_PREFIX)).expanduser()
+            return HF_PREFIX + str(directory.absolute()) if directory.exists() else name
         if name in MODELS or is_reference(name):
             return name
         raise ValueError(f"unknown model; choose one of {', '.join(MODELS)}, {TORCHVISION_PREFIX}NAME or package.module:Name")
@@ -566,6 +575,10 @@ class RunConfig(Section):
             raise ValueError(f"train.loss={self.train.loss} applies to data.task=regression; data.task={self.data.task} has its own loss")
         if self.model.adapters.method != "none" and not self.model.name.startswith(HF_PREFIX):
             raise ValueError(f"model.adapters applies to Hugging Face models (model.name: {HF_PREFIX}<path>), not {self.model.name!r}")
+        if self.data.tokenizer is None and self.data.sequence_column is not None and self.model.name.startswith(HF_PREFIX):
+            directory = Path(self.model.name.removeprefix(HF_PREFIX))
+            if any((directory / name).is_file() for name in HF_TOKENIZER_FILES):  # the model's own tokenizer reads its text
+                self.data.tokenizer = str(directory)
         if self.eval.personalized and self.data.client_test_fraction == 0:
             raise ValueError("eval.personalized needs data.client_test_fraction > 0 (each client's held-out split)")
         return self

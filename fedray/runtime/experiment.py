@@ -16,14 +16,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import ray
+import torch
 from ray.exceptions import RayActorError
 from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fedray.algorithms import algorithm_label, get_algorithm_class
+from fedray.algorithms.vectorized import vectorized_path
 from fedray.algorithms.requirements import is_personalised
 from fedray.cluster.placement import WorkerPlacement
+from fedray.models import parameter_counts
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.config.privacy import default_delta, population_size
 from fedray.data import FederatedDataset, build_federated_dataset
@@ -63,6 +67,7 @@ from fedray.tracking import (
 from fedray.tracking.atomic import DiskFullError
 from fedray.tracking.metrics_file import check_metrics_cover
 from fedray.tracking.sync import StorageSync, is_uri, staging_root
+from fedray.tasks import task_class
 
 logger = logging.getLogger(__name__)
 #: The round row's systems-model counts a run's summary sums (:data:`fedray.systems.ROW_KEYS` but the clock).
@@ -77,12 +82,16 @@ class RunSummary:
     rounds: int
     final_test_accuracy: float | None
     best_test_accuracy: float | None
-    best_round: int | None
+    best_round: int | None  # the round of the best headline metric
     seconds: float
     ray_startup_seconds: float
     first_round_seconds: float | None  # from the call to the end of its first round (None: no round ran)
     final_metrics: dict[str, Any]
     backend: str = "ray"  # where the workers ran: "local" (in the driver process) or "ray"
+    headline: str = "test_accuracy"  # the task's headline metric, test_<headline> (test_rmse, test_perplexity...)
+    headline_mode: str = "max"  # whether a larger headline is better ("max") or a smaller one ("min")
+    final_headline: float | None = None
+    best_headline: float | None = None
     #: δ of the run's (ε, δ) guarantee when privacy is on (ε: ``final_metrics["dp_epsilon"]``, the accountant's after the last round)
     dp_delta: float | None = None
     #: the systems model's client counts and bytes summed over the rounds (selected, aggregated, dropped, late,
@@ -191,11 +200,17 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
             raise
         except ValueError as error:  # e.g. a test split that leaves fewer samples than classes
             raise ConfigError("data", first_line(error)) from None
-    if config.data.partition == "shards" and config.data.classes_per_client > data.info.num_classes:
-        raise ConfigError(
-            "data.classes_per_client",
-            f"{config.data.classes_per_client} is more than the {data.info.num_classes} classes of {config.data.name}",
-        )
+    if config.data.partition == "shards":
+        task = task_class(config.data.task)
+        if task.class_labels:
+            groups, what = data.info.num_classes, "classes"
+        else:  # the groups the partition skews over (a regression's target deciles)
+            labels = task.partition_labels(data.train.y)
+            groups, what = (0 if labels is None else len(np.unique(labels))), f"label groups (data.task={config.data.task})"
+        if config.data.classes_per_client > groups:
+            raise ConfigError(
+                "data.classes_per_client", f"{config.data.classes_per_client} is more than the {groups} {what} of {config.data.name}"
+            )
     if (data.clients.sizes == 0).any():
         empty = int((data.clients.sizes == 0).sum())
         raise ConfigError(
@@ -401,7 +416,7 @@ def run_experiment(
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / SAVED_CONFIG_FILE)
-    write_run_info(config, run_dir)
+    write_run_info(config, run_dir, data)
     (run_dir / STOPPED_FILE).unlink(missing_ok=True)  # started again: no longer stopped
     start_round = int(checkpoint["round"]) if checkpoint is not None else 0
     run = RunContext(config=config, run_dir=run_dir, data=data, server=None, start_round=start_round)
@@ -502,13 +517,31 @@ def start_server(
     return actor, workers
 
 
-def write_run_info(config: RunConfig, run_dir: Path) -> None:
-    """``run_info.json``: the algorithm's label and whether its results are personalised (each client's
-    own model on its held-out split), for readers that must not import the algorithms (the dashboard
-    marks personalised rows beside global ones)."""
-    algorithm = get_algorithm_class(config.algorithm.name)
-    evaluation = "personalised" if is_personalised(algorithm) else "global"
-    info = {"algorithm": algorithm_label(config.algorithm.name), "evaluation": evaluation}
+def write_run_info(config: RunConfig, run_dir: Path, data: FederatedDataset) -> None:
+    """``run_info.json``, for readers that must not import the algorithms (the dashboard marks
+    personalised rows beside global ones): the algorithm's label; whether its results are personalised
+    (each client's own model on its held-out split); the task, its headline metric and direction; the
+    model's parameters and those clients train and upload (fewer under ``model.freeze`` or
+    ``model.adapters``); how workers train a cohort (``"vectorized"`` or ``"loop: <reason>"``); and, for
+    a table, the columns read as inputs, targets and client ids."""
+    algorithm = build_algorithm(config, data)
+    task = algorithm.task
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no draw from the global RNG
+            model = algorithm.build_model(algorithm.model_key(None))
+    except Exception:  # noqa: BLE001 - a model whose loading needs real tensors (prepare_data built it once already)
+        with torch.random.fork_rng():
+            model = algorithm.build_model(algorithm.model_key(None))
+    info = {
+        "algorithm": algorithm_label(config.algorithm.name),
+        "evaluation": "personalised" if is_personalised(type(algorithm)) else "global",
+        "task": config.data.task,
+        "headline": f"test_{task.headline}",
+        "headline_mode": task.mode,
+        **parameter_counts(model),
+        "training": vectorized_path(config, algorithm, model),
+        **({"columns": {role: list(names) for role, names in data.info.columns.items()}} if data.info.columns else {}),
+    }
     (run_dir / RUN_INFO_FILE).write_text(json.dumps(info, indent=2))
 
 
@@ -573,15 +606,25 @@ def _release(server: Any, workers: list[Any], group: PlacementGroup | None) -> N
 
 
 def summarize(run: RunContext, seconds: float, ray_startup_seconds: float, first_round_seconds: float | None, backend: str) -> RunSummary:
-    evaluated = [row for row in run.history if row.get("test_accuracy") is not None]
-    best = max(evaluated, key=lambda row: row["test_accuracy"], default=None)
+    task = task_class(run.config.data.task)
+    headline = f"test_{task.headline}"
     final = run.history[-1] if run.history else {}
+
+    def best_of(metric: str, mode: str) -> dict[str, Any] | None:
+        evaluated = [row for row in run.history if row.get(metric) is not None]
+        return (max if mode == "max" else min)(evaluated, key=lambda row: row[metric], default=None)
+
+    best_accuracy, best = best_of("test_accuracy", "max"), best_of(headline, task.mode)
     return RunSummary(
         run_dir=str(run.run_dir),
         rounds=int(final.get("round", 0)),
         final_test_accuracy=final.get("test_accuracy"),
-        best_test_accuracy=None if best is None else best["test_accuracy"],
+        best_test_accuracy=None if best_accuracy is None else best_accuracy["test_accuracy"],
         best_round=None if best is None else best["round"],
+        headline=headline,
+        headline_mode=task.mode,
+        final_headline=final.get(headline),
+        best_headline=None if best is None else best[headline],
         seconds=seconds,
         ray_startup_seconds=ray_startup_seconds,
         first_round_seconds=first_round_seconds,
