@@ -13,6 +13,8 @@ A sweep file is YAML::
     num_samples: 2                      # samples of the non-grid keys per grid point
     metric: test_accuracy               # default: the task's headline (test_rmse for a regression...)
     mode: max                           # default: the task's direction for its headline, min for losses and errors
+    reference: fedavg                   # comparison.md's paired differences are against it (needs algorithm.name in the space;
+                                        # default: fedavg when the space has it, else the space's first algorithm)
     scheduler: {type: asha, grace_period: 2, reduction_factor: 2}   # or: fifo
     search: random                      # or: optuna (TPE; needs the `optuna` extra)
     max_concurrent_trials: 2
@@ -203,6 +205,12 @@ class SweepSpec(_Strict):
     num_samples: int = Field(1, ge=1)
     metric: str | None = Field(None, description="the metric trials are ranked by (None: test_<headline> of the base config's data.task)")
     mode: Literal["max", "min"] | None = Field(None, description="None: the task's direction for its headline, min for losses and errors")
+    reference: str | None = Field(
+        None,
+        min_length=1,
+        description="the algorithm comparison.md's paired differences are against: one of the space's algorithm.name "
+        "values (None: fedavg when the space has it, else the space's first algorithm)",
+    )
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     max_concurrent_trials: int | None = Field(None, ge=1, description="None: as many as the resources allow")
@@ -236,6 +244,13 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _defaults_and_combinations(self) -> "SweepSpec":
+        if self.reference is not None:
+            domain = self.space.get("algorithm.name")
+            if domain is None:
+                raise ValueError(f"reference {self.reference!r} compares algorithms: the space must sweep algorithm.name")
+            if domain.kind not in ("grid", "choice") or self.reference not in domain.values:
+                listed = ", ".join(map(str, domain.values)) if domain.kind in ("grid", "choice") else f"a {domain.kind} domain"
+                raise ValueError(f"reference {self.reference!r} is not one of the space's algorithm.name values ({listed})")
         if self.search.type == "optuna":
             grids = [key for key, domain in self.space.items() if domain.kind == "grid"]
             if grids:

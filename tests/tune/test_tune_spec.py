@@ -583,7 +583,8 @@ def test_comparison_table_marks_personalised_algorithms(tmp_path):
     ]
     rounds = [{"trial_id": name, "round": 1, "test_accuracy": 0.5, "personal_accuracy": 0.9} for name in ("fedavg", "fedper")]
     text = comparison_markdown(write_sweep(tmp_path, spec, trials, rounds))
-    assert text.count("| fedper (personalised) |") == 2 and text.count("| fedavg |") == 2  # both tables
+    # both mean tables, and both paired tables (fedper − fedavg: the reference has no row of its own there)
+    assert text.count("| fedper (personalised) |") == 4 and text.count("| fedavg |") == 2
     assert "Rows marked (personalised) are evaluated by each client's own model" in text
 
 
