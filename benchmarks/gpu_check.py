@@ -16,6 +16,13 @@ GPUs against a plain single-process loop on the same GPU, with a JSON and a Mark
    test accuracy (the three fedray sides train the same model on the same cohorts: equal accuracies
    mean the worker count changed nothing).
 
+3. Vectorised local training (``train.vectorize``, benchmarks/vectorized.py's ``compare``): one worker
+   with the whole GPU (the local backend) training the same rounds as the loop (``off``) and
+   vectorised (``on``, the automatic group size), client updates per second each and the ratio, on
+   W3 with ``cnn_cifar`` (``resnet8`` has BatchNorm, which trains as the loop) and on W1's shape
+   (benchmarks/vectorized.py's ``w1_like``: 1×8×8 images, 100 clients per round, 5 steps of batch 10,
+   ``cnn_small``). ``--skip-vectorized`` leaves it out.
+
 On a machine without a GPU it says so and does a CPU dry run of the same code path (quick W3 on CPU
 workers; the CUDA tests are collected and skip), then exits 0. Exit 1 when a CUDA test fails.
 """
@@ -39,6 +46,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
+from vectorized import compare as compare_vectorized  # noqa: E402
+from vectorized import w1_like  # noqa: E402
 from w1_overhead import run_fedray, run_plain  # noqa: E402
 
 GPU_FRACTIONS = (1.0, 0.5, 0.25)
@@ -184,6 +193,25 @@ def run_w3(model: str, quick: bool, device: str, sampler: GPUSampler | None) -> 
     return rows
 
 
+def run_vectorized(quick: bool, device: str) -> dict[str, dict]:
+    """The loop against vectorised training on one worker with the whole GPU (the local backend),
+    on W3 with cnn_cifar and on W1's shape with cnn_small (see the module's docstring)."""
+    gpu = [f"resources.gpus_per_worker={1 if device == 'cuda' else 0}"]
+    local = ["resources.backend=local", "resources.num_workers=1", "resources.cpus_per_worker=1"]
+    _, _, rounds = w3_size(quick)
+    workloads = {
+        "w3/cnn_cifar": [item for item in w3("cnn_cifar", quick) if not item.startswith("eval.every=")] + [f"eval.every={rounds}"],
+        "w1_like/cnn_small": w1_like(rounds, clients=200 if quick else 1000) + ["model.name=cnn_small", "checkpoint.every=1000"],
+    }
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, overrides in workloads.items():
+            overrides = overrides + local + gpu + ["output.tensorboard=false", "output.plots=false"]
+            results[name] = compare_vectorized(overrides, 1, scratch, name)
+            print(json.dumps({name: {side: results[name][side]["updates_per_s"] for side in ("loop", "vectorized")}}), flush=True)
+    return results
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# GPU check, {report['date']}",
@@ -219,6 +247,20 @@ def markdown(report: dict) -> str:
             f"- final accuracy the same for 1, 2 and 4 workers: {'yes' if checks['same_accuracy'] else 'no'}",
             "",
         ]
+    if report.get("vectorized"):
+        lines += [
+            "## Vectorised local training (`train.vectorize`), one worker",
+            "",
+            "| workload | loop s/round | loop updates/s | vectorised s/round | vectorised updates/s | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, row in report["vectorized"].items():
+            loop, vectorized = row["loop"], row["vectorized"]
+            lines.append(
+                f"| {name} | {loop['steady_round_s']:.3f} | {loop['updates_per_s']:.1f} | {vectorized['steady_round_s']:.3f} | "
+                f"{vectorized['updates_per_s']:.1f} | {row['ratio']:.2f}× |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -228,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small W3 (100 clients, 10 per round, 5 rounds)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default {','.join(MODELS)})")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
+    parser.add_argument("--skip-vectorized", action="store_true", help="leave out the loop vs vectorised training comparison")
     args = parser.parse_args(argv)
     import ray
 
@@ -266,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     if sampler is not None:
         sampler.stop()
+    if not args.skip_vectorized:
+        report["vectorized"] = run_vectorized(quick, device)
     report["seconds"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2))

@@ -1,0 +1,180 @@
+"""Vectorised local training (``train.vectorize``) against the loop, side by side in one invocation:
+client updates per second of one fedray worker (the local backend, one worker in this process, one
+torch thread: ``resources.cpus_per_worker=1``) training the same rounds both ways.
+
+Workloads (``--workloads``):
+
+- ``w1_like``: W1's shape with W1's tiny clients made even, so that every client does the issue's
+  5 steps of batch 10: synthetic digits-shaped images (1×8×8, 10 classes), 1,000 clients × 50
+  samples (IID), 100 clients per round, 1 local epoch, batch 10, SGD lr 0.05, FedAvg;
+- ``w1``: W1 itself (benchmarks/w1_overhead.py: digits, 1,000 clients, Dirichlet α = 0.5, 100 per
+  round, batch 16): ragged clients of 1 to a few samples, mostly one (partial) batch each.
+
+Each workload runs with ``cnn_small`` and with ``mlp`` (``--models``), the loop
+(``train.vectorize=off``) and the vectorised path (``on``, ``resources.vectorize_group`` unset: the
+automatic size) alternating ``--repeats`` times. A side's figure is the median over its repeats of
+the median seconds per round over the steady rounds (rounds 3 to the last but one:
+w1_overhead's ``steady``; the first rounds pay torch's and ``torch.func``'s one-time warm-up, the last
+evaluates and checkpoints); updates/s = clients per round / that. The global model is evaluated only
+after the last round, so that the rounds measured are client training.
+
+    python benchmarks/vectorized.py                      # ~2-3 minutes on 2 CPU cores
+    python benchmarks/vectorized.py --json docs/results/raw/vectorized_cpu.json
+
+The raw JSON records the commit, torch's version, the machine (platform, processor, CPU count) and the
+date with every round's seconds. Target (issue "A cohort as one computation"): ≥ 2× the loop's client
+updates per second on CPU for W1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from w1_overhead import W1, run_fedray  # noqa: E402
+
+DEFAULT_JSON = REPO / "docs" / "results" / "raw" / "vectorized_cpu.json"
+MODELS = ("cnn_small", "mlp")
+TARGET = 2.0
+COMMON = [
+    "resources.backend=local",
+    "resources.num_workers=1",
+    "resources.cpus_per_worker=1",
+    "checkpoint.every=1000",
+    "output.tensorboard=false",
+    "output.plots=false",
+]
+
+
+def w1_like(rounds: int, clients: int = 1000, per_round: int = 100, samples: int = 50) -> list[str]:
+    return [
+        "data.name=synthetic",
+        "data.synthetic.channels=1",
+        "data.synthetic.image_size=8",
+        "data.synthetic.num_classes=10",
+        f"data.synthetic.num_train={clients * samples}",
+        "data.synthetic.num_test=1000",
+        f"data.num_clients={clients}",
+        "data.partition=iid",
+        "algorithm.name=fedavg",
+        f"train.rounds={rounds}",
+        f"train.clients_per_round={per_round}",
+        "train.local_epochs=1",
+        "train.batch_size=10",
+        "train.lr=0.05",
+        f"eval.every={rounds}",
+    ]
+
+
+def w1(rounds: int) -> list[str]:
+    keep = [item for item in W1 if not item.startswith(("train.rounds=", "eval.every=", "model.name="))]
+    return keep + [f"train.rounds={rounds}", f"eval.every={rounds}"]
+
+
+WORKLOADS = {"w1_like": w1_like, "w1": w1}
+
+
+def per_round(overrides: list[str]) -> int:
+    return int(next(item.split("=", 1)[1] for item in overrides if item.startswith("train.clients_per_round=")))
+
+
+def compare(overrides: list[str], repeats: int, scratch: str, label: str = "") -> dict:
+    """The loop and the vectorised path on ``overrides`` (alternating ``repeats`` times): each side's
+    median steady seconds per round, updates/s, and the ratio."""
+    runs: dict[str, list[dict]] = {"loop": [], "vectorized": []}
+    for _ in range(repeats):
+        for side, value in (("loop", "off"), ("vectorized", "on")):
+            result = run_fedray(overrides + [f"train.vectorize={value}"], scratch)
+            runs[side].append(result)
+            print(f"{label} {side}: {result['steady_round_s']:.3f} s/round, final accuracy {result['final_accuracy']:.4f}", flush=True)
+    clients = per_round(overrides)
+    sides = {}
+    for side, results in runs.items():
+        steady = float(np.median([result["steady_round_s"] for result in results]))
+        sides[side] = {
+            "steady_round_s": steady,
+            "updates_per_s": clients / steady,
+            "final_accuracy": [result["final_accuracy"] for result in results],
+            "round_s": [result["round_s"] for result in results],
+            "end_to_end_s": [result["end_to_end_s"] for result in results],
+        }
+    return {
+        "overrides": overrides,
+        "clients_per_round": clients,
+        **sides,
+        "ratio": sides["vectorized"]["updates_per_s"] / sides["loop"]["updates_per_s"],
+    }
+
+
+def machine() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit,
+        "working_tree_modified": bool(dirty.strip()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def table(report: dict) -> str:
+    lines = [
+        "| workload | model | loop s/round | loop updates/s | vectorised s/round | vectorised updates/s | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, row in report["results"].items():
+        workload, model = key.split("/")
+        loop, vectorized = row["loop"], row["vectorized"]
+        lines.append(
+            f"| {workload} | {model} | {loop['steady_round_s']:.3f} | {loop['updates_per_s']:.0f} | "
+            f"{vectorized['steady_round_s']:.3f} | {vectorized['updates_per_s']:.0f} | {row['ratio']:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"raw results (default {DEFAULT_JSON.relative_to(REPO)})")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated of {', '.join(WORKLOADS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default {','.join(MODELS)})")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per run (steady: 3 to the last but one)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating")
+    args = parser.parse_args(argv)
+    report: dict = {**machine(), "rounds": args.rounds, "repeats": args.repeats, "target_ratio": TARGET, "results": {}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        for workload in [name.strip() for name in args.workloads.split(",") if name.strip()]:
+            for model in [name.strip() for name in args.models.split(",") if name.strip()]:
+                overrides = WORKLOADS[workload](args.rounds) + [f"model.name={model}"] + COMMON
+                report["results"][f"{workload}/{model}"] = compare(overrides, args.repeats, scratch, f"{workload}/{model}")
+    report["seconds"] = time.perf_counter() - started
+    print(table(report))
+    for key, row in report["results"].items():
+        print(
+            f"target {key}: vectorised / loop updates/s = {row['ratio']:.2f} (≥ {TARGET:g}: {'met' if row['ratio'] >= TARGET else 'not met'})"
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{report['seconds']:.0f} s; raw results in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
