@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 overrides = WORKLOADS[workload](args.rounds) + [f"model.name={model}"] + COMMON
                 report["results"][f"{workload}/{model}"] = compare(overrides, args.repeats, scratch, f"{workload}/{model}")
     report["seconds"] = time.perf_counter() - started
+    report["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(table(report))
     for key, row in report["results"].items():
         print(
