@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedray.config import ConfigError, RunConfig, apply_overrides, is_reference, read_yaml, set_key, validate_config
 from fedray.config.loader import validation_config_error
-from fedray.config.schema import TASK_REPORTS
+from fedray.config.schema import HF_PREFIX, TASK_REPORTS
 
 Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -95,11 +95,14 @@ PATH_KEYS = (
     "data.root",
     "data.path",
     "data.test_path",
+    "data.tokenizer",
     "model.init",
     "systems.devices.file",
     "systems.availability.trace_file",
     "output.client_state_dir",
 )
+#: Run-config keys whose value is a path after a prefix (``model.name: hf:<directory>``), pinned like :data:`PATH_KEYS`.
+PREFIXED_PATH_KEYS = {"model.name": HF_PREFIX}
 
 
 class _Strict(BaseModel):
@@ -387,48 +390,50 @@ def shadowed_overrides(spec: SweepSpec, overrides: list[str]) -> list[str]:
 
 def _resolve_paths(spec: SweepSpec) -> None:
     """Trials run in Ray workers whose working directory is not the caller's: pin the relative paths
-    a trial reads (:data:`PATH_KEYS`, wherever the sweep sets them: the base, ``overrides``,
-    ``per_algorithm`` or the space) and the sweep's output directory to the caller's directory."""
+    a trial reads (:data:`PATH_KEYS`, :data:`PREFIXED_PATH_KEYS`; wherever the sweep sets them: the base,
+    ``overrides``, ``per_algorithm`` or the space) and the sweep's output directory to the caller's directory."""
     data = spec.base.setdefault("data", {})
     if isinstance(data, dict):
         data.setdefault("root", "data")  # the default root is relative too
-    for key in PATH_KEYS:
+    for key in (*PATH_KEYS, *PREFIXED_PATH_KEYS):
         section, _, name = key.rpartition(".")
         node: Any = spec.base
         for part in section.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and name in node:
-            node[name] = _absolute(node[name])
+            node[name] = _absolute(node[name], PREFIXED_PATH_KEYS.get(key, ""))
     spec.overrides = [_absolute_override(override) for override in spec.overrides]
     spec.per_algorithm = {algorithm: [_absolute_override(o) for o in overrides] for algorithm, overrides in spec.per_algorithm.items()}
     for key, domain in spec.space.items():
-        if key in PATH_KEYS and domain.kind in ("grid", "choice"):
-            domain.values = [_absolute(value) for value in domain.values]
+        if (key in PATH_KEYS or key in PREFIXED_PATH_KEYS) and domain.kind in ("grid", "choice"):
+            domain.values = [_absolute(value, PREFIXED_PATH_KEYS.get(key, "")) for value in domain.values]
     spec.output.dir = str(Path(spec.output.dir).resolve())
 
 
-def _absolute(value: Any) -> Any:
-    """A relative local path made absolute against the current directory; a URI, or a value that is
+def _absolute(value: Any, prefix: str = "") -> Any:
+    """A relative local path (after ``prefix``, when the key has one) made absolute against the current
+    directory; a URI, a value without the prefix (a built-in ``model.name: cnn_small``) or one that is
     not a string (the run config's validation refuses it with its own message), as it is."""
     from fedray.tracking.sync import is_uri  # pyarrow: only when a sweep is loaded
 
-    if not isinstance(value, str) or is_uri(value):
+    if not isinstance(value, str) or not value.startswith(prefix) or is_uri(value.removeprefix(prefix)):
         return value
-    return str(Path(value).expanduser().absolute())
+    return prefix + str(Path(value.removeprefix(prefix)).expanduser().absolute())
 
 
 def _absolute_override(override: str) -> str:
-    """A ``KEY=VALUE`` override of a :data:`PATH_KEYS` key with its path made absolute (JSON-quoted,
-    which YAML reads back as the same string); any other override as it is."""
+    """A ``KEY=VALUE`` override of a path key (:data:`PATH_KEYS`, :data:`PREFIXED_PATH_KEYS`) with its path
+    made absolute (JSON-quoted, which YAML reads back as the same string); any other override as it is."""
     key, sep, text = override.partition("=")
-    if not sep or key.strip() not in PATH_KEYS:
+    key = key.strip()
+    if not sep or (key not in PATH_KEYS and key not in PREFIXED_PATH_KEYS):
         return override
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
-    pinned = _absolute(value)
-    return override if pinned == value else f"{key.strip()}={json.dumps(pinned)}"
+    pinned = _absolute(value, PREFIXED_PATH_KEYS.get(key, ""))
+    return override if pinned == value else f"{key}={json.dumps(pinned)}"
 
 
 def _check_trials(spec: SweepSpec, source: str | Path) -> None:

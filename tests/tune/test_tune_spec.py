@@ -125,6 +125,26 @@ def test_relative_data_files_in_base_overrides_and_space_are_pinned_for_trials_r
             prepare_data(config)  # reads the files: no "data.path: ... does not exist"
 
 
+def test_a_tokenizer_and_an_hf_model_directory_are_pinned_too_and_other_model_names_are_left_alone(tmp_path, monkeypatch):
+    from fedray.tune.spec import SweepSpec, _resolve_paths
+
+    monkeypatch.chdir(tmp_path)
+    spec = SweepSpec.model_validate(
+        {
+            "name": "s",
+            "base": {"data": {"tokenizer": "tok"}, "model": {"name": "hf:models/tiny"}},
+            "overrides": ["data.tokenizer=other_tok", "model.name=cnn_small"],
+            "per_algorithm": {"fedprox": ["model.name=hf:models/small"]},
+            "space": {"model.name": {"choice": ["hf:models/a", "torchvision:resnet18", "mylab.nets:Net"]}},
+        }
+    )
+    _resolve_paths(spec)
+    assert (spec.base["data"]["tokenizer"], spec.base["model"]["name"]) == (str(tmp_path / "tok"), f"hf:{tmp_path / 'models' / 'tiny'}")
+    assert spec.overrides == [f'data.tokenizer="{tmp_path / "other_tok"}"', "model.name=cnn_small"]
+    assert spec.per_algorithm == {"fedprox": [f'model.name="hf:{tmp_path / "models" / "small"}"']}
+    assert spec.space["model.name"].values == [f"hf:{tmp_path / 'models' / 'a'}", "torchvision:resnet18", "mylab.nets:Net"]
+
+
 def test_resolved_sweep_yaml_reloads_to_the_same_spec(tmp_path):
     spec = spec_from(tmp_path, scheduler={"type": "asha", "grace_period": 1}, space={"train.lr": {"loguniform": [0.01, 0.1]}})
     again = parse_sweep(yaml.safe_load(spec.to_yaml()), "sweep.yaml", tmp_path)
