@@ -180,7 +180,7 @@ class Algorithm:
         return "global"
 
     def build_model(self, key: str) -> FedModel:
-        return build_model(self.config.model, self.info)
+        return build_model(self.config.model, self.info, self.config.data.task)
 
     @cached_property
     def parameter_mask(self) -> Tensor:

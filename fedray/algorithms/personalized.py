@@ -50,7 +50,7 @@ from fedray.algorithms.local import local_train
 from fedray.algorithms.requirements import PERSONAL_TEST_SPLITS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
-from fedray.models import FedModel, get_flat_weights, set_flat_weights
+from fedray.models import FedModel, get_flat_weights, set_flat_weights, state_keys
 
 MODEL_PARTS = ("encoder.", "projector.", "classifier.")
 
@@ -81,9 +81,10 @@ class ParameterSplit:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, personal_prefixes: tuple[str, ...]) -> "ParameterSplit":
-        """The split of ``model``'s flat layout (floating-point state-dict entries, in order) whose π
-        is every entry starting with one of ``personal_prefixes``."""
-        floating = [key for key, value in model.state_dict().items() if value.is_floating_point()]
+        """The split of ``model``'s flat layout (:func:`fedray.models.state_keys`: floating-point state-dict
+        entries in order, less frozen parameters and tied duplicates) whose π is every entry starting
+        with one of ``personal_prefixes``."""
+        floating = state_keys(model)
         personal_keys = [key for key in floating if key.startswith(personal_prefixes)]  # none when there are no prefixes
         unmatched = [p for p in personal_prefixes if not any(k.startswith(p) for k in personal_keys)]
         if unmatched:
@@ -98,10 +99,11 @@ class ParameterSplit:
         """The split whose π is exactly the floating-point state-dict entries ``personal_keys``
         (FedBN's BatchNorm entries, which no prefix selects)."""
         wanted = set(personal_keys)
-        floating = [(key, value) for key, value in model.state_dict().items() if value.is_floating_point()]
+        state = model.state_dict()
+        floating = [(key, state[key]) for key in state_keys(model)]
         unknown = wanted - {key for key, _ in floating}
         if unknown:
-            raise ValueError(f"{sorted(unknown)} are not floating-point state-dict entries of {type(model).__name__}")
+            raise ValueError(f"{sorted(unknown)} are not in the flat layout of {type(model).__name__} (floating-point, not frozen)")
         mask = torch.cat([torch.full((value.numel(),), key in wanted) for key, value in floating])
         return cls(
             shared_index=torch.nonzero(~mask).flatten(),

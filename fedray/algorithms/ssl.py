@@ -189,7 +189,7 @@ class SiameseAlgorithm(Algorithm):
     def build_model(self, key: str) -> FedModel:
         cfg = self.model_config(key)
         # model.projection_dim sizes the Siamese heads here, not the factory's MOON projection head.
-        model = build_model(cfg.model_copy(update={"projection_dim": None}), self.info)
+        model = build_model(cfg.model_copy(update={"projection_dim": None}), self.info, self.config.data.task)
         return attach_heads(model, cfg.projection_dim or self.params.projection_dim, self.params.hidden_dim)
 
     def target_model(self, key: str, device: torch.device) -> FedModel | None:

@@ -107,14 +107,23 @@ def print_summary(summary, before_run: float, command_seconds: float) -> None:
     ``command_seconds``: its age now, the command's wall time, which the run's own ``seconds``
     (from the call of :func:`~fedray.runtime.run_experiment`) leave out the imports and checks of."""
 
+    from fedray.tune.summary import format_metric  # pandas: imported by the run already
+
     def percent(value):
         return "n/a" if value is None else f"{100 * value:.2f}%"
 
     print()
     print(f"run directory      {summary.run_dir}")
     print(f"rounds             {summary.rounds}")
-    print(f"final test acc.    {percent(summary.final_test_accuracy)}")
-    print(f"best test acc.     {percent(summary.best_test_accuracy)} (round {summary.best_round})")
+    if summary.headline == "test_accuracy":
+        print(f"final test acc.    {percent(summary.final_test_accuracy)}")
+        print(f"best test acc.     {percent(summary.best_test_accuracy)} (round {summary.best_round})")
+    else:  # the task's headline (data.task), best by its direction
+        lowest = " (lowest)" if summary.headline_mode == "min" else ""
+        print(f"{'final ' + summary.headline:<18} {format_metric(summary.headline, summary.final_headline)}")
+        print(
+            f"{'best ' + summary.headline:<18} {format_metric(summary.headline, summary.best_headline)} (round {summary.best_round}){lowest}"
+        )
     if "personal_accuracy" in summary.final_metrics:
         print(
             f"personalised acc.  {percent(summary.final_metrics['personal_accuracy'])} ± {percent(summary.final_metrics.get('personal_accuracy_std'))}"

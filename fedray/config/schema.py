@@ -219,7 +219,9 @@ class ModelConfig(Section):
     classification model, untrained) or ``package.module:Name`` (the user's ``nn.Module`` class or
     factory); :mod:`fedray.models.external` builds the last two (docs/guide/your_model.md)."""
 
-    name: str = Field("cnn_small", description="a built-in model, torchvision:NAME or package.module:Name")
+    name: str = Field(
+        "cnn_small", description="a built-in model, torchvision:NAME, hf:<directory saved with save_pretrained> or package.module:Name"
+    )
     norm: Literal["batch", "group"] = "batch"
     projection_dim: int | None = Field(None, gt=0, description="output size of the optional projection head (None: no head)")
     width: int = Field(16, gt=0, le=1024, description="channels of the first conv layer (CNNs)")
@@ -259,7 +261,9 @@ class ModelConfig(Section):
             return HF_PREFIX + str(directory.absolute()) if directory.exists() else name
         if name in MODELS or is_reference(name):
             return name
-        raise ValueError(f"unknown model; choose one of {', '.join(MODELS)}, {TORCHVISION_PREFIX}NAME or package.module:Name")
+        raise ValueError(
+            f"unknown model; choose one of {', '.join(MODELS)}, {TORCHVISION_PREFIX}NAME, {HF_PREFIX}<directory> or package.module:Name"
+        )
 
     @field_validator("init")
     @classmethod

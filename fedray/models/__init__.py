@@ -42,20 +42,23 @@ from fedray.models.external import build_external_model, load_initial_weights
 from fedray.models.freeze import freeze_parameters
 from fedray.models.mlp import MLP
 from fedray.models.resnet import ResNet, resnet8, resnet10, resnet18
+from fedray.tasks import task_class
 from fedray.models.weights import get_flat_weights, num_flat_weights, parameter_counts, set_flat_weights, state_keys
 
 if TYPE_CHECKING:
     from fedray.config.schema import ModelConfig
     from fedray.data.base import DatasetInfo
 
-_BUILDERS: dict[str, Callable[[ModelConfig, DatasetInfo], FedModel]] = {
-    "cnn_small": lambda cfg, info: SmallCNN(info.channels, info.image_size, info.num_classes, cfg.width),
-    "cnn_cifar": lambda cfg, info: CifarCNN(info.channels, info.image_size, info.num_classes, cfg.width),
-    "resnet8": lambda cfg, info: resnet8(info.channels, info.num_classes, cfg.norm),
-    "resnet10": lambda cfg, info: resnet10(info.channels, info.num_classes, cfg.norm),
-    "resnet18": lambda cfg, info: resnet18(info.channels, info.num_classes, cfg.norm),
-    "mlp": lambda cfg, info: MLP(info.input_shape, info.num_classes, cfg.width),
-    "char_lstm": lambda cfg, info: CharLSTM(info.vocab_size, info.num_classes, cfg.width),
+# Each builder takes the model config, the data's info and whether the task needs one output per token
+# (language modelling) rather than per sample.
+_BUILDERS: dict[str, Callable[[ModelConfig, DatasetInfo, bool], FedModel]] = {
+    "cnn_small": lambda cfg, info, per_position: SmallCNN(info.channels, info.image_size, info.num_classes, cfg.width),
+    "cnn_cifar": lambda cfg, info, per_position: CifarCNN(info.channels, info.image_size, info.num_classes, cfg.width),
+    "resnet8": lambda cfg, info, per_position: resnet8(info.channels, info.num_classes, cfg.norm),
+    "resnet10": lambda cfg, info, per_position: resnet10(info.channels, info.num_classes, cfg.norm),
+    "resnet18": lambda cfg, info, per_position: resnet18(info.channels, info.num_classes, cfg.norm),
+    "mlp": lambda cfg, info, per_position: MLP(info.input_shape, info.num_classes, cfg.width),
+    "char_lstm": lambda cfg, info, per_position: CharLSTM(info.vocab_size, info.num_classes, cfg.width, per_position),
 }
 # The data modalities (DatasetInfo.modality) each built-in model takes; the others take images only.
 _INPUT_MODALITIES = {"mlp": ("features", "image"), "char_lstm": ("tokens",)}
@@ -93,7 +96,7 @@ def build_model(cfg: ModelConfig, info: DatasetInfo, task: str = "classification
         modalities = _INPUT_MODALITIES.get(cfg.name, ("image",))
         if info.modality not in modalities:
             raise ValueError(f"{cfg.name} takes {' or '.join(modalities)} input, not {info.modality}")
-        model = builder(cfg, info)
+        model = builder(cfg, info, not task_class(task).per_sample_outputs)
     if cfg.projection_dim is not None:
         model.projector = projection_head(model.feature_dim, cfg.projection_dim)
     if cfg.init is not None:

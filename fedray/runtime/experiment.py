@@ -224,7 +224,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         raise ConfigError(None, first_line(error)) from None
     try:
         model = algorithm.build_model(algorithm.model_key(None))
-        check_model_output(model, data.info, config.model.name)
+        check_model_output(model, data.info, config.model.name, per_position=not algorithm.task.per_sample_outputs)
     except ConfigError:  # names its own key (model.init, model.classifier)
         raise
     except ValueError as error:

@@ -31,6 +31,7 @@ from fedray.dashboard.data import (
     summarize_curve,
 )
 from fedray.tracking.metrics_file import write_table_atomically
+from fedray.data import build_federated_dataset
 from fedray.runtime.experiment import write_run_info
 
 # ---------------------------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def write_run_dir(run_dir: Path, overrides: list[str], accuracies: list[float], 
     run_dir.mkdir(parents=True, exist_ok=True)
     config = load_config(None, overrides)
     save_config(config, run_dir / "config.yaml")
-    write_run_info(config, run_dir)
+    write_run_info(config, run_dir, build_federated_dataset(config.data, config.seed))
     rows = []
     for round, accuracy in enumerate(accuracies, start=1):
         rows.append(
