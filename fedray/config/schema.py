@@ -380,6 +380,11 @@ class OutputConfig(Section):
     )
     tensorboard: bool = True
     plots: bool = True
+    record_update_hashes: bool = Field(
+        False,
+        description="record a hash of every client's upload in its client row (update_hash), which fedray replay checks a "
+        "re-executed client update against",
+    )
     callbacks: list[str] = Field(
         default_factory=list,
         description="extra run callbacks: package.module:ClassName (a fedray.Callback subclass built "
@@ -619,6 +624,7 @@ _KEYS_SAVED_WHEN_SET = {
     "data": ("task", "target_columns", "stride", "tokenizer", "missing"),
     "train": ("loss", "huber_delta", "vectorize"),
     "resources": ("vectorize_group",),
+    "output": ("record_update_hashes",),
     "model": ("init_strict", "freeze", "adapters"),
 }
 
