@@ -141,6 +141,9 @@ class Overview:
     started_at: str | None = None
     ray_dashboard_url: str | None = None
     sweeps: list[dict[str, Any]] = field(default_factory=list)  # a folder of sweeps: each sweep's summary (DashboardData.sweep_summary)
+    # a sweep over algorithm.name: each algorithm's paired differences from the reference algorithm
+    # (fedray.tune.summary.paired_comparison, as in comparison.md); None otherwise
+    paired_comparison: dict[str, Any] | None = None
     messages: list[Message] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -1039,6 +1042,7 @@ class DashboardData:
             mode,
             swept_keys,
             messages,
+            paired_comparison=self._paired_comparison(trials_frame, metric, mode, swept_keys, messages),
             title=str(meta.get("sweep_id") or self.root.name),
             categorical_keys=self._categorical_keys(swept_keys, trials, messages),
             status=status,
@@ -1046,6 +1050,23 @@ class DashboardData:
             started_at=meta.get("started_at"),
             ray_dashboard_url=(meta.get("ray_dashboard_url") or None) if status == "running" else None,
         )
+
+    def _paired_comparison(
+        self, trials_frame: pd.DataFrame | None, metric: str, mode: str, swept_keys: list[str], messages: list[Message]
+    ) -> dict[str, Any] | None:
+        """Each algorithm's paired differences from the reference algorithm, seed by seed, with Student's t
+        intervals (:func:`fedray.tune.summary.paired_comparison`: the rows of comparison.md's paired tables);
+        None unless the sweep sweeps ``algorithm.name``."""
+        if trials_frame is None or ALGORITHM_KEY not in swept_keys or not {ALGORITHM_KEY, "status"} <= set(trials_frame.columns):
+            return None
+        from fedray.tune.summary import paired_comparison  # pandas and yaml only; scipy when there are pairs
+
+        spec = self.cache.read(self.root / SWEEP_FILE, read_yaml_mapping, messages) or None
+        try:
+            return json_safe(paired_comparison(trials_frame.astype({"trial_id": str}), self._rounds, metric, mode, swept_keys, spec))
+        except (ValueError, TypeError, KeyError) as error:  # a half-written or odd file: say so, never fail the page
+            messages.append(Message("warning", f"The paired comparison of the algorithms could not be computed: {error}"))
+            return None
 
     def _categorical_keys(self, swept_keys: list[str], trials: list[dict[str, Any]], messages: list[Message]) -> list[str]:
         """The swept keys searched over listed values (``grid``/``choice`` in ``sweep.yaml``); without that

@@ -67,6 +67,7 @@ const state = {
   xAxis: "round",            // the curves' x-axis: "round", or "sim_time" (the simulated clock of runs with systems.enabled)
   compare: { selected: null, metric: null, key: null },  // a folder of sweeps: the sweeps ticked, the curves' metric
   runLogKey: null,           // the log shown (trial and size), to redraw it only when it grew
+  pairedMetric: null,        // the metric of the paired comparison's table (null: the sweep's own)
 };
 
 const $ = (id) => document.getElementById(id);
@@ -641,6 +642,110 @@ function markdownTable(head, data) {
     lines.push(`| ${cells.join(" | ")} |`);
   });
   return lines.join("\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paired comparison (a sweep over algorithm.name): each algorithm minus the reference algorithm, seed by seed,
+// with Student's t intervals; the rows of comparison.md's paired tables (fedray.tune.summary.paired_rows)
+
+function pairedSection() {
+  // created here, after the comparison table, the first time a sweep over algorithms is shown
+  let section = $("paired-section");
+  if (section) return section;
+  section = document.createElement("section");
+  section.id = "paired-section";
+  section.className = "wide";
+  section.hidden = true;
+  const title = document.createElement("h2");
+  title.textContent = "Paired comparison of the algorithms";
+  const note = document.createElement("p");
+  note.className = "hint";
+  note.id = "paired-note";
+  const bar = document.createElement("div");
+  bar.className = "toolbar";
+  const select = document.createElement("select");
+  select.id = "paired-metric";
+  select.addEventListener("change", (e) => { state.pairedMetric = e.target.value; renderPaired(state.overview); });
+  bar.append("metric ", select);
+  const wrap = document.createElement("div");
+  wrap.className = "table-wrap";
+  const table = document.createElement("table");
+  table.id = "paired-table";
+  table.append(document.createElement("thead"), document.createElement("tbody"));
+  wrap.appendChild(table);
+  section.append(title, note, bar, wrap);
+  $("groups-section").after(section);
+  return section;
+}
+
+function fmtDifference(value, metric) {
+  // "+1.20 pp" for accuracies and F1 scores (percentage points), "-0.0312" for other metrics
+  if (!isNum(value)) return "–";
+  const sign = value > 0 ? "+" : value < 0 ? "-" : "";
+  return /accuracy|_f1/.test(metric) ? `${sign}${(100 * Math.abs(value)).toFixed(2)} pp` : `${sign}${fmt(Math.abs(value))}`;
+}
+
+function pairedVerdict(row) {
+  if (row.n === 0) return "no paired seeds";
+  if (row.ci_low === null) return "n < 2: no interval";
+  return row.significant ? `${row.verdict} *` : row.verdict;
+}
+
+function renderPaired(ov) {
+  const paired = ov && ov.kind === "sweep" ? ov.paired_comparison : null;
+  const existing = $("paired-section");
+  if (!paired || !paired.metrics.length || !paired.reference) {
+    if (existing) existing.hidden = true;
+    return;
+  }
+  const section = pairedSection();
+  const metrics = paired.metrics.map((m) => m.metric);
+  if (!metrics.includes(state.pairedMetric)) state.pairedMetric = metrics[0];
+  const select = $("paired-metric");
+  if (select.dataset.signature !== JSON.stringify(metrics)) {
+    select.dataset.signature = JSON.stringify(metrics);
+    select.replaceChildren(...metrics.map((m) => new Option(m, m)));
+  }
+  select.value = state.pairedMetric;
+  const chosen = paired.metrics.find((m) => m.metric === state.pairedMetric);
+  const level = `${Math.round(100 * paired.confidence)}%`;
+  $("paired-note").textContent = `Reference: ${paired.reference} (${paired.reference_rule}). Each row: the mean over n seeds of ` +
+    `(the algorithm's final ${chosen.metric} − ${paired.reference}'s), pairing trials with the same seed and the same other swept values; ` +
+    `${level} confidence interval by Student's t (t, n−1 dof); * the interval excludes 0 ` +
+    `(${chosen.mode === "min" ? "lower" : "higher"} is better). As in comparison.md.`;
+  const head = ["algorithm", ...paired.columns.map(keyName), "n", `mean difference`, `${level} CI`, "verdict"];
+  const headRow = document.createElement("tr");
+  head.forEach((text, i) => {
+    const th = document.createElement("th");
+    th.textContent = text;
+    if (i <= paired.columns.length) th.className = "text";
+    headRow.appendChild(th);
+  });
+  const rows = chosen.rows.map((row) => {
+    const tr = document.createElement("tr");
+    tr.dataset.algorithm = row.algorithm;
+    tr.dataset.column = row.column;
+    tr.dataset.verdict = row.verdict || "";
+    const ci = row.ci_low === null ? "–" : `[${fmtDifference(row.ci_low, chosen.metric)}, ${fmtDifference(row.ci_high, chosen.metric)}]`;
+    const cells = [
+      { text: row.algorithm, cls: "text" },
+      ...paired.columns.map((k) => ({ text: fmt(row.values[k]), cls: "text" })),
+      { text: `${row.n}${row.unpaired ? ` (${row.unpaired} unpaired)` : ""}` },
+      { text: fmtDifference(row.mean_difference, chosen.metric), cls: "num" },
+      { text: ci, cls: "num" },
+      { text: pairedVerdict(row), cls: row.significant ? (row.verdict === "better" ? "paired-better" : "paired-worse") : "" },
+    ];
+    cells.forEach((cell) => {
+      const td = document.createElement("td");
+      td.textContent = cell.text;
+      if (cell.cls) td.className = cell.cls;
+      tr.appendChild(td);
+    });
+    return tr;
+  });
+  $("paired-table").tHead.replaceChildren(headRow);
+  $("paired-table").tBodies[0].replaceChildren(...rows);
+  section.hidden = false;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1323,6 +1428,7 @@ async function refresh() {
   renderTable(ov);
   renderMetricMenu(ov);
   renderGroupControl(ov);
+  renderPaired(ov);
   renderParams(ov);
   renderBest(ov);
   renderHistory(ov);
