@@ -69,6 +69,8 @@ class Task:
     # Whether the model gives one output vector per sample (not one per position): what algorithms
     # that contrast or decorrelate per-sample features need.
     per_sample_outputs: ClassVar[bool] = True
+    # What the groups of partition_labels are, for the partition plot's axis.
+    partition_groups: ClassVar[str] = "class"
 
     def __init__(self, config: RunConfig, info: Any) -> None:
         self.config = config
@@ -167,6 +169,7 @@ class Regression(Task):
     sum_keys = client_sum_keys = ("squared_error", "absolute_error", "target_sum", "target_square_sum", "loss_sum", "count")
     #: Equal-count bins of the first target that the label-skew partitions skew over.
     PARTITION_BINS = 10
+    partition_groups = "decile of the first target"
 
     def __init__(self, config: RunConfig, info: Any) -> None:
         super().__init__(config, info)

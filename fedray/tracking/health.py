@@ -56,28 +56,32 @@ OUTLIER_MEDIAN_RATIO = 10.0
 OUTLIER_GUESS_MULTIPLE = 3.0
 
 
-def client_loss_key(metric_names: Iterable[str]) -> str:
-    """The client metric that is its training loss: ``ce`` where the algorithm reports it (its
+def client_loss_key(metric_names: Iterable[str], loss_term: str = "ce") -> str:
+    """The client metric that is its training loss: the task's base loss ``loss_term`` (``ce`` for
+    classification, :attr:`fedray.tasks.Task.loss_term`) where the algorithm reports it (its
     ``train_loss`` may hold terms that are no loss, such as FedDyn's proximal term), else ``train_loss``."""
-    return "ce" if "ce" in set(metric_names) else "train_loss"
+    return loss_term if loss_term in set(metric_names) else "train_loss"
 
 
-def loss_outliers(client_rows: list[dict[str, Any]], num_classes: int) -> tuple[str, float, list[tuple[int, float]]]:
+def loss_outliers(
+    client_rows: list[dict[str, Any]], chance_loss: float | None, loss_term: str = "ce"
+) -> tuple[str, float, list[tuple[int, float]]]:
     """The clients of one round whose local training loss is far above the rest: above
-    ``OUTLIER_MEDIAN_RATIO`` × the median client's and above ``OUTLIER_GUESS_MULTIPLE`` · ln C (an
-    average probability under 1/C³ on the true class), in the metric :func:`client_loss_key` names.
+    ``OUTLIER_MEDIAN_RATIO`` × the median client's and above ``OUTLIER_GUESS_MULTIPLE`` × the task's
+    ``chance_loss`` (ln C for C classes: an average probability under 1/C³ on the true class; None for
+    tasks without one, :meth:`fedray.tasks.Task.chance_loss`), in the metric :func:`client_loss_key` names.
     Returns (that key, the median, [(client id, loss)], largest first).
 
     A client update that blows up but stays finite passes the non-finite guard and is aggregated;
     its client's loss shows it first. Chosen on 2,341 rounds of Fashion-MNIST runs: it fired only in
     the 6 runs that later collapsed or diverged, 2 to 20 rounds before (docs/results/fmnist.md,
     "Warnings for finite blow-ups")."""
-    key = client_loss_key(name for row in client_rows for name in row)
+    key = client_loss_key((name for row in client_rows for name in row), loss_term)
     losses = [(int(row["client_id"]), float(row[key])) for row in client_rows if row.get(key) is not None and math.isfinite(row[key])]
     if len(losses) < 3:
         return key, math.nan, []
     median = statistics.median(loss for _, loss in losses)
-    floor = max(OUTLIER_MEDIAN_RATIO * median, OUTLIER_GUESS_MULTIPLE * math.log(num_classes))
+    floor = max(OUTLIER_MEDIAN_RATIO * median, OUTLIER_GUESS_MULTIPLE * (chance_loss or 0.0))
     return key, median, sorted(((client, loss) for client, loss in losses if loss > floor), key=lambda item: -item[1])
 
 
@@ -87,13 +91,21 @@ class HealthMonitor(Callback):
     def __init__(self) -> None:
         self.best: dict[str, tuple[float, int]] = {}  # metric -> (best value, its round) in this process
         self.collapsed: set[str] = set()  # metrics whose last evaluation was a collapse (warned once)
+        self.chance_loss: float | None = None
+        self.loss_term = "ce"
+
+    def on_run_start(self, run: RunContext) -> None:
+        from fedray.tasks import build_task  # torch: imported by the run already, not by fedray.tracking
+
+        task = build_task(run.config, run.data.info)
+        self.chance_loss, self.loss_term = task.chance_loss(), task.loss_term
 
     def on_round_end(self, run: RunContext, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         if row["excluded_updates"]:
             logger.warning(
                 "warning: round %d: %d non-finite client update(s) excluded from aggregation", row["round"], row["excluded_updates"]
             )
-        key, median, outliers = loss_outliers(client_rows, run.data.info.num_classes)
+        key, median, outliers = loss_outliers(client_rows, self.chance_loss, self.loss_term)
         if outliers:
             named = ", ".join(f"client {client} ({loss:.3g})" for client, loss in outliers[:3])
             logger.warning(

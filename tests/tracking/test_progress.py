@@ -4,6 +4,8 @@ progress bar (``--quiet``, Tune trials) and are written above the bar when there
 
 from __future__ import annotations
 
+import math
+
 from types import SimpleNamespace
 
 from fedray import load_config
@@ -80,10 +82,10 @@ def test_a_client_whose_loss_blows_up_is_named_in_a_warning(tmp_path, capsys, wi
 
 
 def test_loss_outliers_read_train_loss_without_ce_and_need_a_cohort():
-    key, median, outliers = loss_outliers(client_rows({1: 0.2, 2: 0.3, 3: 9.0}, key="train_loss"), 10)
+    key, median, outliers = loss_outliers(client_rows({1: 0.2, 2: 0.3, 3: 9.0}, key="train_loss"), math.log(10))
     assert (key, median, outliers) == ("train_loss", 0.3, [(3, 9.0)])
-    assert loss_outliers(client_rows({1: 0.2, 2: 90.0}), 10)[2] == []  # two clients: no median to stand out from
-    assert loss_outliers(client_rows({1: 0.0, 2: 0.0, 3: 0.0}), 10)[2] == []
+    assert loss_outliers(client_rows({1: 0.2, 2: 90.0}), math.log(10))[2] == []  # two clients: no median to stand out from
+    assert loss_outliers(client_rows({1: 0.0, 2: 0.0, 3: 0.0}), math.log(10))[2] == []
 
 
 def test_every_run_monitors_its_health_with_or_without_a_bar():
