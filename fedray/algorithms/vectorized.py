@@ -1,6 +1,7 @@
 """Vectorised local training: a worker's clients that share an architecture trained as one batched
-computation (``train.vectorize``), with :mod:`torch.func` (``functional_call``, ``vmap``,
-``grad_and_value``) on parameters and SGD state stacked over the group's clients.
+computation (``train.vectorize``), with :mod:`torch.func` (``functional_call`` and ``vmap``; one
+backward pass of autograd through the sum of the clients' losses gives each client its own gradient)
+on parameters and SGD state stacked over the group's clients.
 
 The maths is the loop's (:func:`fedray.algorithms.local.local_train` with
 :class:`~fedray.algorithms.local.ClientSGD`), client by client:
@@ -77,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
@@ -317,9 +318,9 @@ def _step(x: Tensor, y: Tensor, sizes: list[int], batch_size: int, device: torch
     return Step(x, y, weights.to(device), all(size == batch_size for size in sizes))
 
 
-def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool) -> Callable[..., tuple[Tensor, tuple[Tensor, dict[str, Tensor]]]]:
-    """One client's ``(loss, (loss, terms))`` of a batch as a function of its parameters: the
-    function ``grad_and_value`` differentiates and ``vmap`` maps over the group."""
+def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    """One client's ``(loss, terms)`` of a batch as a function of its parameters, which ``vmap``
+    maps over the group."""
     task = algorithm.task
 
     def sample_loss(output: Tensor, target: Tensor) -> Tensor:
@@ -328,8 +329,7 @@ def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool) -> Callab
     def objective(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor, start: dict[str, Tensor], inputs: dict[str, Tensor]):
         output = functional_call(model, params, (x,))
         base = (vmap(sample_loss)(output, y) * w).sum() if weighted else task.loss(output, y)
-        loss, terms = algorithm.vectorized_loss(base, params, start, inputs)  # type: ignore[attr-defined]
-        return loss, (loss.detach(), {name: value.detach() for name, value in terms.items()})
+        return algorithm.vectorized_loss(base, params, start, inputs)  # type: ignore[attr-defined]
 
     return objective
 
@@ -370,29 +370,34 @@ def train_group(algorithm: Algorithm, contexts: list[ClientContext], broadcast: 
     counts = [num_steps(ctx) for ctx in ordered]
     identity = first.augment is get_augmentation("none")
     steps = (_steps_from_indices if identity else _steps_from_batches)(ordered, counts, batch_size, device)
-    functions = {
-        weighted: vmap(grad_and_value(_objective(algorithm, model, weighted), has_aux=True), in_dims=(0, 0, 0, 0, None, 0))
-        for weighted in (False, True)
-    }
+    functions = {weighted: vmap(_objective(algorithm, model, weighted), in_dims=(0, 0, 0, 0, None, 0)) for weighted in (False, True)}
     momentum: dict[str, Tensor] = {}
     totals: dict[str, Tensor] = {}
     for t, step in enumerate(steps):
         active = step.x.shape[0]
         current = {name: value[:active] for name, value in params.items()}
+        leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
         own = {key: value[:active] for key, value in inputs.items()}
-        grads, (_, (loss, terms)) = functions[not step.full](current, step.x, step.y, step.weights, start, own)
+        loss, terms = functions[not step.full](leaves, step.x, step.y, step.weights, start, own)
+        # Σ_k loss_k: client k's loss depends on its own slice of the stacked parameters only, so
+        # one backward pass gives every client its own gradient. Plain autograd, not torch.func.grad,
+        # whose first call imports torch._dynamo (seconds per process; see ClientSGD).
+        found = torch.autograd.grad(loss.sum(), [leaves[name] for name in names], allow_unused=True)
+        grads = {name: grad for name, grad in zip(names, found) if grad is not None}  # the loop skips those without one
+        loss, terms = loss.detach(), {term: value.detach() for term, value in terms.items()}
         with torch.no_grad():
-            if train.grad_clip is not None:  # clip_grad_norm_ per client
-                norms = torch.stack([torch.linalg.vector_norm(grads[name].reshape(active, -1), dim=1) for name in names], dim=1)
+            if train.grad_clip is not None and grads:  # clip_grad_norm_ per client
+                norms = torch.stack([torch.linalg.vector_norm(grad.reshape(active, -1), dim=1) for grad in grads.values()], dim=1)
                 coefficient = torch.clamp(train.grad_clip / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
-                grads = {name: grads[name] * _per_client(coefficient, grads[name]) for name in names}
-            for name in names:  # torch.optim.SGD's single-tensor step (ClientSGD)
-                g, p = grads[name], current[name]
+                grads = {name: grad * _per_client(coefficient, grad) for name, grad in grads.items()}
+            for name, g in grads.items():  # torch.optim.SGD's single-tensor step (ClientSGD)
+                p = current[name]
                 if train.weight_decay != 0:
                     g = g.add(p, alpha=train.weight_decay)
                 if train.momentum != 0:
-                    if t == 0:
-                        momentum[name] = g.clone()
+                    if name not in momentum:  # the first step with a gradient: the buffer is the gradient
+                        momentum[name] = torch.zeros_like(params[name])
+                        momentum[name][:active] = g
                     else:
                         momentum[name][:active].mul_(train.momentum).add_(g)
                     g = momentum[name][:active]
