@@ -207,10 +207,12 @@ def activation_floats(model: nn.Module, sample: Tensor) -> int:
             total += output.numel()
 
     hooks = [module.register_forward_hook(count) for module in model.modules() if not list(module.children())]
+    was_training = model.training
     try:
         with torch.no_grad():
-            model(sample)
+            model.eval()(sample)  # eval: no running statistics move
     finally:
+        model.train(was_training)
         for hook in hooks:
             hook.remove()
     return max(total, 1)

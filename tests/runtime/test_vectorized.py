@@ -263,3 +263,21 @@ def test_each_clients_update_takes_the_upload_path(tmp_path, upload):
         loop.run_round(round, [0, 1, 2, 3])
         torch.testing.assert_close(vectorised.state["weights"], loop.state["weights"], rtol=RTOL, atol=ATOL)
     assert vectorised.worker.training_path == VECTORIZED
+
+
+def test_the_automatic_group_size_follows_the_memory_estimate(tmp_path, monkeypatch):
+    import fedray.algorithms.vectorized as vectorized
+
+    worker = make_worker(tmp_path, ["model.name=cnn_small", "train.vectorize=on"])
+    model, sample = worker.model_for(None), worker.data.info.dummy_input()
+    per_client = vectorized.client_bytes(model, sample, batch_size=8)
+    parameters = sum(p.numel() for p in model.parameters())
+    assert per_client > 4 * vectorized.PARAMETER_COPIES * parameters
+    monkeypatch.setattr(vectorized, "memory_budget", lambda device, share: 10 * per_client)
+    assert vectorized.automatic_group_size(model, sample, 8, torch.device("cpu")) == 10
+    monkeypatch.setattr(vectorized, "memory_budget", lambda device, share: per_client // 2)
+    assert vectorized.automatic_group_size(model, sample, 8, torch.device("cpu")) == 1  # never 0
+    monkeypatch.setattr(vectorized, "memory_budget", lambda device, share: 1 << 50)
+    assert vectorized.automatic_group_size(model, sample, 8, torch.device("cpu")) == vectorized.MAX_AUTOMATIC_GROUP
+    assert worker.vectorize_group is None
+    assert worker.group_size() == vectorized.MAX_AUTOMATIC_GROUP and worker.vectorize_group == vectorized.MAX_AUTOMATIC_GROUP
