@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import logging
 import os
 import warnings
@@ -91,6 +92,41 @@ def keep_freed_memory() -> None:
     one_gib = 1 << 30
     mallopt(_M_MMAP_THRESHOLD, one_gib)  # blocks up to this size come from the heap, not from mmap
     mallopt(_M_TRIM_THRESHOLD, one_gib)  # free memory at the heap's top is returned above this only
+
+
+def update_hash(update: ClientUpdate) -> str:
+    """The ``update_hash`` of a client row (``output.record_update_hashes``; ``fedray replay``,
+    :mod:`fedray.runtime.replay`): the SHA-256 (hex) of a client's update as it leaves the client,
+    after the worker's upload path (attack, clipping, local noise, compression) and before
+    pre-aggregation: what :meth:`PartialResult.add` receives. Hashed in order: every tensor of
+    ``sums`` by sorted name, as float64 (the dtype the worker sums in), then every value of
+    ``payload`` by sorted name in its own dtype (nested dicts by sorted key, lists in order, other
+    values by their ``repr``), each preceded by its name, dtype and shape."""
+    digest = hashlib.sha256()
+    for name in sorted(update.sums):
+        _hash_into(digest, f"sums/{name}", update.sums[name].detach().to(torch.float64))
+    for name in sorted(update.payload):
+        _hash_into(digest, f"payload/{name}", update.payload[name])
+    return digest.hexdigest()
+
+
+def _hash_into(digest: Any, name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        digest.update(f"{name}:{array.dtype}:{array.shape}\n".encode())
+        digest.update(array.tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            _hash_into(digest, f"{name}/{key}", value[key])
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _hash_into(digest, f"{name}[{index}]", item)
+    else:
+        digest.update(f"{name}:{type(value).__name__}:{value!r}\n".encode())
 
 
 def select_device(use_gpu: bool) -> torch.device:
@@ -211,7 +247,10 @@ class ClientWorker:
             if update.state is None and self.upload_path.keeps_residuals:  # stored anew next to the new residual
                 update = dataclasses.replace(update, state=ctx.state)
             update = self.upload_path.apply(round, client_id, update, broadcast, residual)
-        if partial.add(client_id, update) and update.state is not None:
+        added = partial.add(client_id, update)
+        if self.config.output.record_update_hashes:  # fedray replay compares a re-executed update with it
+            partial.client_metrics[client_id]["update_hash"] = update_hash(update)
+        if added and update.state is not None:
             self.state_store.save(client_id, round, update.state, keep=(state_version, *checkpoint_versions))
             partial.stateful_clients.append(client_id)
 
