@@ -139,6 +139,7 @@ def test_a_one_worker_run_starts_no_ray(tmp_path):
         ("fedper_digits.yaml", []),  # personal heads, personalised evaluation
         ("fedsc_digits.yaml", []),  # prototypes uploaded per client
         ("hetero_ssfl_digits.yaml", ["train.clients_per_round=8"]),  # per-client architectures, a public set
+        ("regression_diabetes.yaml", ["data.min_samples_per_client=2"]),  # a regression (data.task): float targets, RMSE sums
     ],
 )
 def test_local_and_ray_runs_of_two_workers_are_bit_identical(ray_session, tmp_path, example, overrides):
