@@ -185,8 +185,11 @@ LOGIT_KNOWLEDGE = Upload(
     clipped=(("knowledge", "clip_logits"),),
     constant=("class_present", "num_samples"),  # every class, uniform b_k (Eq. 4)
 )
-#: ``gda_mode`` paper/normalized: each client's flat weights, which GDA weighs one by one
-WEIGHTS_PER_CLIENT = Upload("model weights per client", payload=("weights",), avoided_by="algorithm.gda_mode=fedavg")
+#: ``gda_mode`` paper/normalized: each client's flat weights, which GDA weighs one by one (compression
+#: encodes them as their update against the broadcast weights, as it does the weights' sums)
+WEIGHTS_PER_CLIENT = Upload(
+    "model weights per client", payload=("weights",), avoided_by="algorithm.gda_mode=fedavg", model_weights=("weights",)
+)
 
 
 class FedSKC(Algorithm):

@@ -20,8 +20,10 @@ mechanism, :mod:`fedray.runtime.upload_path`) or ``constant`` (replaced by ones 
 presence mask of every class, a unit weight, which reveal nothing); an upload with any other key
 cannot be made private and is refused. With ``privacy.mechanism`` or ``robust.*`` set,
 :func:`check_uploads` (called by :func:`fedray.algorithms.requirements.check_requirements`) refuses
-an algorithm that declares nothing or declares an upload the mechanism cannot handle, and the worker
-refuses an update with a key its algorithm did not declare (:func:`undeclared_keys`).
+an algorithm that declares nothing or declares an upload the mechanism cannot handle (every such
+problem at once, :func:`upload_problems`), and the worker refuses an update with a key its algorithm
+did not declare (:func:`undeclared_keys`). ``systems.compression`` compresses :data:`MODEL_WEIGHTS` and
+the keys an upload declares ``model_weights`` (:mod:`fedray.systems.compression`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Upload:
     constant: tuple[str, ...] = ()
     #: the setting that leaves this upload out, named when privacy refuses it
     avoided_by: str = ""
+    #: payload keys holding the client's own flat model weights (comparable with ``broadcast["weights"]``,
+    #: as FedSKC's per-client weights): ``systems.compression`` encodes each as its update against them
+    model_weights: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,57 +105,86 @@ def released_parts(algorithm: Algorithm) -> int:
     return int(MODEL_WEIGHTS in algorithm.run_uploads()) + len(private_parts(algorithm))
 
 
+def config_error(problems: list[tuple[str | None, str]]) -> ConfigError:
+    """One :class:`ConfigError` listing every ``(key, message)`` of ``problems`` (not empty), one line each."""
+    (key, message), *more = problems
+    return ConfigError(key, message, more=more)
+
+
 def check_uploads(algorithm: Algorithm) -> None:
-    """Raise :class:`ConfigError` if ``privacy``/``robust`` are on and ``algorithm`` uploads what they
-    cannot handle: robust rules and attacks handle :data:`MODEL_WEIGHTS` only; privacy also every
-    upload whose keys are all ``clipped`` or ``constant``, each bound given (finite unless the noise
+    """Raise one :class:`ConfigError` listing every :func:`upload_problems` of ``algorithm``, if any."""
+    problems = upload_problems(algorithm)
+    if problems:
+        raise config_error(problems)
+
+
+def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
+    """Every ``(key, message)`` why ``privacy``/``robust``, when on, cannot handle what ``algorithm``
+    uploads: robust rules and attacks handle :data:`MODEL_WEIGHTS` only; privacy also every upload
+    whose keys are all ``clipped`` or ``constant``, each bound given (finite unless the noise
     multiplier is 0), a per-client part under central DP with ``privacy.sampling: fixed_size`` only."""
     config: RunConfig = algorithm.config
     privacy = config.privacy
     keys = [key for key, on in (("privacy.mechanism", privacy.enabled), ("robust.*", config.robust.enabled)) if on]
     if not keys:
-        return
+        return []
     cls = type(algorithm)
     name = cls.name or cls.__name__
     if not cls.uploads:
         message = f"{name} does not declare what it uploads (Algorithm.uploads), so it cannot be made private or robust"
-        raise ConfigError(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")
+        return [(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")]
+    problems: list[tuple[str | None, str]] = []
     others = sorted(algorithm.run_uploads() - {MODEL_WEIGHTS}, key=lambda upload: upload.kind)
     if config.robust.enabled and others:
         kinds = ", ".join(upload.kind for upload in others)
-        raise ConfigError(
-            "robust.*", f"{name} uploads {kinds}: robust rules and attacks handle model weights only; use an algorithm such as fedavg"
+        problems.append(
+            ("robust.*", f"{name} uploads {kinds}: robust rules and attacks handle model weights only; use an algorithm such as fedavg")
         )
     if privacy.enabled:
-        for upload in others:
-            _check_nothing_in_clear(name, upload)
-        for upload in others:
-            _check_bounds_and_sampling(name, upload, privacy)
+        problems += [problem for upload in others for problem in _in_clear(name, upload)]
+        problems += [problem for upload in others for problem in _bounds_and_sampling(name, upload, privacy)]
+    return problems
 
 
-def _check_nothing_in_clear(name: str, upload: Upload) -> None:
+def privacy_deviation(algorithm: Algorithm) -> str | None:
+    """What privacy changes in ``algorithm`` beyond clipping and noise (None: nothing): the keys its
+    uploads declare ``constant``, which every client sends as ones."""
+    constant = [(upload.kind, key) for upload in sorted(algorithm.run_uploads(), key=lambda upload: upload.kind) for key in upload.constant]
+    if not constant:
+        return None
+    keys = ", ".join(f"{key!r} ({kind})" for kind, key in constant)
+    return f"under privacy every client sends {keys} as ones, so the server no longer tells clients or classes apart by them"
+
+
+def _in_clear(name: str, upload: Upload) -> list[tuple[str | None, str]]:
     handled = {key for key, _ in upload.clipped} | set(upload.constant)
     in_clear = [f"sums[{key!r}]" for key in upload.sums if key not in handled]
     in_clear += [f"payload[{key!r}]" for key in upload.payload if key not in handled]
-    if in_clear:
-        hint = f"; set {upload.avoided_by}" if upload.avoided_by else ""
-        raise ConfigError(
+    if not in_clear:
+        return []
+    hint = f"; set {upload.avoided_by}" if upload.avoided_by else ""
+    return [
+        (
             "privacy.mechanism",
-            f"{name} uploads {upload.kind} ({', '.join(in_clear)}), which cannot be clipped and noised: "
-            f"it would be sent in the clear{hint}",
+            f"{name} uploads {upload.kind} ({', '.join(in_clear)}), which cannot be clipped and noised: it would be sent in the clear{hint}",
         )
+    ]
 
 
-def _check_bounds_and_sampling(name: str, upload: Upload, privacy: PrivacyConfig) -> None:
+def _bounds_and_sampling(name: str, upload: Upload, privacy: PrivacyConfig) -> list[tuple[str | None, str]]:
+    problems: list[tuple[str | None, str]] = []
     for key, bound in upload.clipped:
         value = getattr(privacy, bound)
         if value is None:
-            raise ConfigError(f"privacy.{bound}", f"{name} uploads {upload.kind} ({key!r}); give the L2 bound each client's is clipped to")
-        if math.isinf(value) and privacy.noise_multiplier != 0:
-            raise ConfigError(f"privacy.{bound}", "must be finite when the noise multiplier is not 0 (the noise std is z·bound)")
+            problems.append((f"privacy.{bound}", f"{name} uploads {upload.kind} ({key!r}); give the L2 bound each client's is clipped to"))
+        elif math.isinf(value) and privacy.noise_multiplier != 0:
+            problems.append((f"privacy.{bound}", "must be finite when the noise multiplier is not 0 (the noise std is z·bound)"))
     if upload.payload and upload.clipped and privacy.mechanism == "central" and privacy.sampling != "fixed_size":
-        raise ConfigError(
-            "privacy.sampling",
-            f"{name} uploads {upload.kind} per client, one noised entry each, which only replace-one neighbours "
-            "bound (adding a client adds an entry); set privacy.sampling=fixed_size",
+        problems.append(
+            (
+                "privacy.sampling",
+                f"{name} uploads {upload.kind} per client, one noised entry each, which only replace-one neighbours "
+                "bound (adding a client adds an entry); set privacy.sampling=fixed_size",
+            )
         )
+    return problems

@@ -29,7 +29,10 @@ charges (:mod:`fedray.privacy.mechanisms`). Keys an upload declares ``constant``
 counts) are replaced by ones. Other uploads are refused before Ray starts
 (:func:`~fedray.algorithms.uploads.check_uploads`).
 
-Compression (:mod:`fedray.systems.compression`) is the last step on the client, as on a device: what
+Compression (:mod:`fedray.systems.compression`) is the last step on the client, as on a device (a
+client's own weights sent in its payload, FedSKC's outside ``gda_mode: fedavg``, are compressed the
+same way, as their update against the broadcast weights, and the server receives w + the decoded
+update in their place): what
 it encodes is what leaves the device and is counted in ``bytes_up``, and what the server decodes
 replaces Δ_k above (a robust rule gets the decoded deltas). It comes after clipping and local noise,
 so that local DP's guarantee holds by post-processing and the noisy update is still what gets
@@ -67,7 +70,7 @@ from fedray.privacy.mechanisms import (
 from fedray.runtime.errors import RunError
 from fedray.seeding import derive_seed
 from fedray.systems.clock import UPLOAD_BYTES_METRIC, payload_bytes, sums_bytes
-from fedray.systems.compression import UploadCompression, compression_enabled, join_client_state
+from fedray.systems.compression import UploadCompression, compressed_uploads, compression_enabled, join_client_state
 
 if TYPE_CHECKING:  # dp-accounting is the optional extra `privacy`: imported only when privacy is on
     from fedray.privacy.accountant import CentralAccountant
@@ -104,6 +107,8 @@ class ClientUploadPath:
         self.malicious = malicious_clients(config.seed, num_clients, config.robust.malicious_fraction)
         self.compression = UploadCompression.for_run(config)  # None: systems.compression off
         self.warned_uncompressed = False
+        #: payload keys holding a client's own model weights, compressed as their update (FedSKC outside gda_mode=fedavg)
+        self.payload_weights = [key for upload in compressed_uploads(algorithm) for key in upload.model_weights]
         uploads = algorithm.run_uploads() if config.privacy.enabled else frozenset()
         self.private_uploads = sorted((upload for upload in uploads if upload.clipped or upload.constant), key=lambda upload: upload.kind)
         self.parts = private_parts(algorithm) if config.privacy.enabled else []
@@ -128,14 +133,7 @@ class ClientUploadPath:
         if undeclared:
             raise TypeError(f"algorithm {self.algorithm_class.name} uploads {', '.join(undeclared)}, which its `uploads` do not declare")
         if "weights" not in update.sums and not upload_path_enabled(self.config):  # FedSKC outside gda_mode=fedavg
-            if not self.warned_uncompressed:
-                logger.warning(
-                    "%s uploads no sums['weights'] (model weights in its payload, if any, are sent uncompressed): "
-                    "systems.compression does not apply to its updates",
-                    self.algorithm_class.name,
-                )
-                self.warned_uncompressed = True
-            return ClientUpdate(update.sums, update.payload, update.metrics, join_client_state(update.state, residual))
+            return self.compress_payload_weights(round, client_id, update, broadcast, residual)
         privacy, robust, seed = self.config.privacy, self.config.robust, self.config.seed
         num_samples = update.sums["num_samples"]
         reference = broadcast["weights"].to(num_samples.device, torch.float64)
@@ -169,6 +167,33 @@ class ClientUploadPath:
         if privacy.enabled:
             self.privatise_parts(round, client_id, sums, payload, metrics)
         return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residual))
+
+    def compress_payload_weights(
+        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residual: torch.Tensor | None
+    ) -> ClientUpdate:
+        """Compression of an update whose model weights travel in its payload (:attr:`payload_weights`,
+        only compression on): each client's w_k is sent as Δ_k = w_k − w against the broadcast weights w
+        (the keys one after the other, one vector with one residual), and replaced by w + decode(C(Δ_k)),
+        what the server receives."""
+        keys = [key for key in self.payload_weights if key in update.payload]
+        if self.compression is None or not keys:  # nothing declared to compress: sent as it is, and said once
+            if self.compression is not None and not self.warned_uncompressed:
+                logger.warning(
+                    "%s uploads no model weights in this update: systems.compression leaves it as it is", self.algorithm_class.name
+                )
+                self.warned_uncompressed = True
+            return ClientUpdate(update.sums, update.payload, update.metrics, join_client_state(update.state, residual))
+        payload, metrics = dict(update.payload), dict(update.metrics)
+        reference = broadcast["weights"].to(torch.float64)
+        sent = [payload[key] for key in keys]
+        delta = torch.cat([weights.to(reference.device, torch.float64) - reference for weights in sent])
+        compressed = self.compression.compress(round, client_id, delta, residual)
+        rest = {key: value for key, value in payload.items() if key not in keys}
+        metrics[UPLOAD_BYTES_METRIC] = float(sums_bytes(update.sums) + payload_bytes(rest) + compressed.wire_bytes)
+        received = compressed.received.to(reference.device, torch.float64).split(reference.numel())
+        for key, weights, part in zip(keys, sent, received):
+            payload[key] = (reference + part).to(weights.dtype).to(weights.device)
+        return ClientUpdate(update.sums, payload, metrics, join_client_state(update.state, compressed.residual))
 
     @property
     def part_multiplier(self) -> float:

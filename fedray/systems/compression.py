@@ -3,7 +3,13 @@
 A client compresses its model-weight update Δ_k = w_k − w (against the broadcast weights w, in
 float32 as a device holds it) into the tensors it sends; the server decodes them, and what it decodes
 is what it aggregates. :func:`~fedray.systems.clock.payload_bytes` of the encoded tensors is what
-the client's ``bytes_up`` counts. ``systems.compression.method``:
+the client's ``bytes_up`` counts. What is compressed are the model weights among the run's uploads
+(:func:`compressed_uploads`): :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS` (Δ_k from
+``sums["weights"] / sums["num_samples"]``) and a client's own weights sent in its payload (the keys
+an upload declares ``model_weights``: FedSKC's outside ``gda_mode: fedavg``, which the server then
+receives as w + decode(C(Δ_k))); every other upload (prototypes, control variates, ...) travels as it
+is (:func:`compression_deviation`), and an algorithm whose run uploads no model weights is refused
+before Ray starts (:func:`check_compression`). ``systems.compression.method``:
 
 - ``fp16``: Δ in half precision (2 bytes an entry).
 - ``int8``: unbiased stochastic quantisation (QSGD: Alistarh et al., "QSGD: Communication-Efficient
@@ -35,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedray.algorithms.uploads import MODEL_WEIGHTS
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
 from fedray.config import ConfigError, RunConfig
 from fedray.config.schema import CompressionConfig
 from fedray.seeding import derive_seed
@@ -188,18 +194,44 @@ def join_client_state(state: dict[str, torch.Tensor] | None, residual: torch.Ten
     return {**(state or {}), RESIDUAL_KEY: residual}
 
 
-def check_compression(config: RunConfig, algorithm: Algorithm) -> None:
-    """Refuse compression for an algorithm that uploads no model weights (before Ray starts)."""
-    if not compression_enabled(config):
-        return
-    cls = type(algorithm)
-    if MODEL_WEIGHTS in cls.uploads:
-        return
-    name = cls.name or cls.__name__
-    uploads = ", ".join(sorted(upload.kind for upload in cls.uploads))
-    what = f"uploads {uploads}, no model weights" if uploads else "does not declare what it uploads (Algorithm.uploads)"
-    raise ConfigError(
-        "systems.compression.method",
-        f"{config.systems.compression.method} compresses model-weight updates, but {name} {what}; "
-        "use an algorithm that uploads model weights (fedavg, fedprox, scaffold, moon, ...)",
+def compressed_uploads(algorithm: Algorithm) -> list[Upload]:
+    """The uploads of ``algorithm``'s run that compression encodes: :data:`MODEL_WEIGHTS` (the weights'
+    sums) and those declaring ``model_weights`` (a client's own weights in its payload)."""
+    return sorted(
+        (upload for upload in algorithm.run_uploads() if upload == MODEL_WEIGHTS or upload.model_weights), key=lambda upload: upload.kind
     )
+
+
+def compression_deviation(algorithm: Algorithm) -> str | None:
+    """What ``systems.compression`` leaves as it is in ``algorithm``'s uploads (None: nothing, or
+    nothing is compressed at all): the uploads other than model weights, sent uncompressed."""
+    compressed = compressed_uploads(algorithm)
+    rest = sorted(upload.kind for upload in algorithm.run_uploads() if upload not in compressed)
+    if not compressed or not rest:
+        return None
+    return f"compresses its {' and '.join(upload.kind for upload in compressed)}, not its {', '.join(rest)} (sent as they are)"
+
+
+def compression_problems(config: RunConfig, algorithm: Algorithm) -> list[tuple[str | None, str]]:
+    """Why ``systems.compression`` cannot apply to ``algorithm`` (empty: it can, or it is off): its
+    run uploads no model weights (:func:`compressed_uploads`)."""
+    if not compression_enabled(config) or compressed_uploads(algorithm):
+        return []
+    cls = type(algorithm)
+    name = cls.name or cls.__name__
+    uploads = ", ".join(sorted(upload.kind for upload in algorithm.run_uploads()))
+    what = f"uploads {uploads}, no model weights" if uploads else "does not declare what it uploads (Algorithm.uploads)"
+    return [
+        (
+            "systems.compression.method",
+            f"compression applies to model-weight updates, but {name} {what}; "
+            "use an algorithm that uploads model weights (fedavg, fedprox, scaffold, moon, ...)",
+        )
+    ]
+
+
+def check_compression(config: RunConfig, algorithm: Algorithm) -> None:
+    """Refuse compression for an algorithm whose run uploads no model weights (before Ray starts)."""
+    problems = compression_problems(config, algorithm)
+    if problems:
+        raise ConfigError(*problems[0])
