@@ -88,7 +88,6 @@ class Task:
         """``metric_names`` from sums added over a whole split (without the ``test_`` prefix)."""
         raise NotImplementedError
 
-    @classmethod
     def headline_of(self, sums: Sums) -> float:
         """The headline metric from ``sums`` (one client's, or several clients' added)."""
         return self.metrics(sums)[self.headline]
