@@ -57,12 +57,14 @@ from fedray.config.schema import HF_PREFIX, TASK_REPORTS
 Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
 #: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
+#: The per-client spread of personal_<headline> besides its std, each in the headline's direction (fedray.runtime.engine).
+PERSONAL_SPREAD = ("_worst", "_p10", "_median", "_client_mean")
 #: The metrics a sweep may rank by: every built-in task's test metrics and its personalised headline.
 METRICS = tuple(
     dict.fromkeys(
         [f"test_{name}" for report in TASK_REPORTS.values() for name in report.metric_names]
         + ["train_loss"]
-        + [f"personal_{report.headline}{suffix}" for report in TASK_REPORTS.values() for suffix in ("", "_std")]
+        + [f"personal_{report.headline}{suffix}" for report in TASK_REPORTS.values() for suffix in ("", *PERSONAL_SPREAD, "_std")]
     )
 )
 #: Metrics for which lower is better (besides a task's headline, whose direction the task gives).
@@ -71,10 +73,14 @@ _LOWER_IS_BETTER = ("loss", "_std", "rmse", "mae", "perplexity")
 
 def default_mode(metric: str, task: str) -> Literal["max", "min"]:
     """Whether a larger ``metric`` is better in a run of ``data.task`` = ``task``: the task's own
-    direction for its headline (``test_<headline>``, ``personal_<headline>``), else min for losses,
+    direction for its headline (``test_<headline>``, ``personal_<headline>`` and its worst, p10, median
+    and client mean), else min for losses,
     spreads, errors and perplexity and max for the rest."""
     report = TASK_REPORTS.get(task)
-    if report is not None and metric in (f"test_{report.headline}", f"personal_{report.headline}"):
+    headline_keys = (
+        (f"test_{report.headline}", *(f"personal_{report.headline}{suffix}" for suffix in ("", *PERSONAL_SPREAD))) if report else ()
+    )
+    if metric in headline_keys:
         return report.mode
     return "min" if metric.endswith(_LOWER_IS_BETTER) else "max"
 
