@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fedray.algorithms import RoundResults
+from fedray.config import RunConfig
 from fedray.runtime.reduction import PartialResult, merge_partials
 from fedray.runtime.scheduler import assign_clients
 from fedray.systems.clock import payload_bytes
@@ -31,15 +32,39 @@ from fedray.systems.compression import keeps_client_state
 from fedray.systems.fedbuff import Buffer, BufferSchedule, buffered_results, staleness_weights
 
 if TYPE_CHECKING:
-    from fedray.runtime.engine import RoundEngine
+    from fedray.algorithms import Algorithm
+    from fedray.runtime.pool import WorkerPool
+    from fedray.runtime.worker import ClientTask
+    from fedray.systems import SystemsModel
 
 logger = logging.getLogger(__name__)
+
+
+class RoundEngineView(Protocol):
+    """What the asynchronous rounds use of :class:`fedray.runtime.engine.RoundEngine`, which owns
+    them (declared here, so that this module does not import the engine that imports it)."""
+
+    config: RunConfig
+    pool: WorkerPool
+    algorithm: Algorithm
+    systems: SystemsModel | None
+    client_costs: np.ndarray
+    state_versions: np.ndarray
+    plain_broadcast: dict[str, Any]
+
+    def broadcast(self, round: int) -> Any: ...
+
+    def client_tasks(self, client_ids: list[int]) -> list[ClientTask]: ...
+
+    def aggregate(self, round: int, results: RoundResults, clients: int) -> dict[str, Any]: ...
+
+    def close_round(self, round: int, row: dict[str, Any], results: RoundResults, started: float) -> dict[str, Any]: ...
 
 
 class BufferedAggregation:
     """The asynchronous rounds of ``engine`` (which must have ``systems.enabled``)."""
 
-    def __init__(self, engine: RoundEngine) -> None:
+    def __init__(self, engine: RoundEngineView) -> None:
         assert engine.systems is not None, "train.mode=async needs systems.enabled (checked with the config)"
         self.engine = engine
         self.systems = engine.systems
