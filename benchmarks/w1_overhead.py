@@ -231,7 +231,7 @@ def wait_until_service_idle(service_dir: Path, timeout: float = 300) -> None:
 def compare_with_service(repeats: int, workers: int) -> dict:
     """End to end of the plain loop, of ``fedray run`` with the service up and of ``fedray run``
     starting its own Ray, each a fresh process (see the module's docstring)."""
-    from startup import run_fedray_once, run_plain_once
+    from timed_process import run_fedray_once, run_plain_once
 
     from fedray.runtime.service import SERVICE_DIR_VARIABLE
 
@@ -265,13 +265,28 @@ def compare_with_service(repeats: int, workers: int) -> dict:
     return {"figures": figures, "runs": runs}
 
 
+def plain_child() -> None:
+    """``--plain-child``, the plain loop's process timed by benchmarks/timed_process.py: W1 end to end,
+    then its time to the first round on stdout."""
+    from fedray.cli.run import seconds_since_process_start
+
+    result = run_plain(W1)
+    # The rounds run back to back and nothing follows the last: round 1 ended when the others began.
+    first_round = seconds_since_process_start() - sum(result["round_s"][1:])
+    print(json.dumps({"first_round_s": first_round, "final_accuracy": result["final_accuracy"]}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the plain loop and of the local backend, alternating")
     parser.add_argument("--service", action="store_true", help="compare fedray run with the service of `fedray up` with the plain loop")
     parser.add_argument("--service-workers", type=int, default=2, metavar="N", help="with --service: the runs' Ray workers (default 2)")
+    parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plain_child:
+        plain_child()
+        return 0
     if args.service:
         result = compare_with_service(args.repeats, args.service_workers)
         width = max(map(len, result["figures"]))
