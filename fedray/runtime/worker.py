@@ -37,6 +37,7 @@ from fedray.algorithms.vectorized import (
 from fedray.config import RunConfig
 from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
+from fedray.runtime.errors import first_line
 from fedray.runtime.reduction import PartialResult, tensors_to
 from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
@@ -172,6 +173,7 @@ class ClientWorker:
         self.state_store = ClientStateStore(client_state_location(self.config.output, run_dir))
         self.training_path: str | None = None  # train.vectorize: "vectorized" or "loop: <reason>", decided at the first round
         self.vectorize_group: int | None = self.config.resources.vectorize_group  # None: sized at the first round
+        self.vectorized_groups = 0  # groups trained vectorised so far in this run
 
     # ------------------------------------------------------------------ helpers
     def model_for(self, client_id: int | None) -> FedModel:
@@ -221,8 +223,7 @@ class ClientWorker:
         broadcast = tensors_to(broadcast, self.device)  # one host-to-device copy a round, not one a client
         partial = PartialResult()
         if self.config.train.vectorize != "off" and self.vectorized():
-            self.run_clients_vectorized(round, tasks, broadcast, partial)
-            return partial.to_cpu()
+            tasks = self.run_clients_vectorized(round, tasks, broadcast, partial)  # what is left: auto's fallback
         for client_id, state_version, checkpoint_versions in tasks:
             ctx, residual = self.client_context_and_residual(round, client_id, state_version)
             update = call_algorithm(self.algorithm, "client_update", round, client_id, ctx, broadcast)
@@ -281,9 +282,15 @@ class ClientWorker:
             logger.info("train.vectorize: groups of at most %d clients (from the memory estimate)", self.vectorize_group)
         return self.vectorize_group
 
-    def run_clients_vectorized(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any], partial: PartialResult) -> None:
+    def run_clients_vectorized(
+        self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any], partial: PartialResult
+    ) -> list[ClientTask]:
         """:meth:`run_clients`'s training in groups of consecutive tasks, each trained as one batched
         computation; every client's update is then added in the tasks' order, as the loop adds it.
+        Returns the tasks left to the loop: none, unless ``train.vectorize=auto`` and the run's first
+        group failed (a model that ``vmap`` cannot batch, which the checks did not foresee): the run
+        then trains as the loop from that group on, and says why.
+
         A group that runs out of memory is halved (the group size too, for the rest of the run) and
         trained again from fresh contexts (the same seeded draws)."""
         position = 0
@@ -293,19 +300,27 @@ class ClientWorker:
             try:
                 updates = train_group(self.algorithm, [ctx for ctx, _ in contexts], broadcast)
             except Exception as error:
-                if not is_out_of_memory(error) or len(group) == 1:
+                if is_out_of_memory(error) and len(group) > 1:
+                    del contexts
+                    if self.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    self.vectorize_group = max(1, len(group) // 2)
+                    logger.warning(
+                        "train.vectorize: a group of %d clients ran out of memory; groups of %d from now on",
+                        len(group),
+                        self.vectorize_group,
+                    )
+                    continue
+                if self.config.train.vectorize != "auto" or self.vectorized_groups > 0:
                     raise
-                del contexts
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                self.vectorize_group = max(1, len(group) // 2)
-                logger.warning(
-                    "train.vectorize: a group of %d clients ran out of memory; groups of %d from now on", len(group), self.vectorize_group
-                )
-                continue
+                self.training_path = f"loop: vectorised training failed ({type(error).__name__}: {first_line(error)})"
+                logger.warning("train.vectorize=auto: clients train %s", self.training_path)
+                return tasks[position:]
+            self.vectorized_groups += 1
             for task, (ctx, residual), update in zip(group, contexts, updates, strict=True):
                 self.add_update(partial, round, task, ctx, residual, update, broadcast)
             position += len(group)
+        return []
 
     def run_client_groups(self, groups: list[tuple[int, list[ClientTask]]], *broadcasts: dict[str, Any]) -> list[PartialResult]:
         """:meth:`run_clients` for each ``(round, tasks)`` of ``groups`` with ``broadcasts[i]``, one

@@ -281,3 +281,26 @@ def test_the_automatic_group_size_follows_the_memory_estimate(tmp_path, monkeypa
     assert vectorized.automatic_group_size(model, sample, 8, torch.device("cpu")) == vectorized.MAX_AUTOMATIC_GROUP
     assert worker.vectorize_group is None
     assert worker.group_size() == vectorized.MAX_AUTOMATIC_GROUP and worker.vectorize_group == vectorized.MAX_AUTOMATIC_GROUP
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_model_vmap_cannot_batch_trains_as_the_loop_under_auto_and_fails_under_on(tmp_path, monkeypatch, mode):
+    overrides = ["model.name=mlp", "model.width=16"]
+
+    def unbatchable(algorithm, contexts, broadcast):
+        raise RuntimeError("vmap: It looks like you're calling .item() on a Tensor (simulated)")
+
+    monkeypatch.setattr(worker_module, "train_group", unbatchable)
+    vectorised = Federation(tmp_path / "vectorised", [*overrides, f"train.vectorize={mode}"])
+    if mode == "on":
+        with pytest.raises(Exception, match="calling .item"):
+            vectorised.run_round(1)
+        return
+    loop = Federation(tmp_path / "loop", overrides)
+    assert vectorised.run_round(1) == loop.run_round(1)
+    assert vectorised.run_round(2) == loop.run_round(2)  # the loop from then on, without trying again
+    assert torch.equal(vectorised.state["weights"], loop.state["weights"])
+    assert (
+        vectorised.worker.training_path
+        == "loop: vectorised training failed (RuntimeError: vmap: It looks like you're calling .item() on a Tensor (simulated))"
+    )
