@@ -176,7 +176,7 @@ class ReplayResult:
             lines.append(f"reproduced: the replayed {what} are the recorded ones, bit for bit")
         else:
             lines.append("differs: " + "; ".join(self.differences))
-        return lines
+        return [line.rstrip() for line in lines]
 
 
 def same_value(a: Any, b: Any) -> bool:
