@@ -9,9 +9,9 @@ An algorithm lists its needs in ``requires`` (a class attribute of
 
 :func:`check_requirements` (called by :func:`fedray.runtime.experiment.prepare_data` on the model the
 algorithm builds) refuses a run whose model or config lacks one, with one line naming what is missing
-and the key that supplies it, instead of letting the algorithm run as something else (FedBN without
-BatchNorm is FedAvg; FedPer without per-client test splits reports only a global model with an
-untrained head).
+and the key that supplies it (every unmet one, and the algorithm's other problems, in one error),
+instead of letting the algorithm run as something else (FedBN without BatchNorm is FedAvg; FedPer
+without per-client test splits reports only a global model with an untrained head).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedray.algorithms.uploads import check_uploads
+from fedray.algorithms.uploads import config_error, upload_problems
 from fedray.config import ConfigError, RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel
@@ -103,7 +103,7 @@ PER_SAMPLE_OUTPUTS = Requirement(
 #: The requirements a task can fail, each with the task attribute (fedray.tasks.Task) it reads.
 TASK_REQUIREMENTS = {CLASS_LABELS: "class_labels", PER_SAMPLE_OUTPUTS: "per_sample_outputs"}
 
-#: The order in which unmet requirements are reported (the first one only): the task's, the model's, the config's.
+#: The order in which unmet requirements are reported: the task's, the model's, the config's.
 CHECK_ORDER = (CLASS_LABELS, PER_SAMPLE_OUTPUTS, IMAGES, BATCHNORM, PROJECTION_HEAD, FEATURE_TAPS, PERSONAL_TEST_SPLITS)
 
 
@@ -120,13 +120,28 @@ def is_personalised(algorithm: type[Algorithm]) -> bool:
 
 
 def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
-    """Raise :class:`ConfigError` for the first (in :data:`CHECK_ORDER`, then any an algorithm defines
-    itself) of ``type(algorithm).requires`` that ``algorithm.config`` and ``model`` (the algorithm's built
-    model) do not meet, then for uploads that ``privacy``/``robust`` cannot handle
-    (:func:`fedray.algorithms.uploads.check_uploads`)."""
+    """Raise one :class:`ConfigError` listing every problem of ``algorithm`` with its config and ``model``
+    (the algorithm's built model), one line each: the ``type(algorithm).requires`` they do not meet (in
+    :data:`CHECK_ORDER`, then any an algorithm defines itself), the uploads that ``privacy``/``robust``
+    cannot handle (:func:`fedray.algorithms.uploads.upload_problems`), and what ``systems.compression``
+    (:func:`fedray.systems.compression.compression_problems`) and ``train.mode: async``
+    (:func:`fedray.systems.fedbuff.check_fedbuff`) need of its uploads; so a config with several
+    problems is refused once, naming all of them."""
+    from fedray.systems.compression import compression_problems
+    from fedray.systems.fedbuff import check_fedbuff
+
     cls = type(algorithm)
     own = sorted(cls.requires - set(CHECK_ORDER), key=lambda requirement: requirement.keys)
-    for requirement in [r for r in CHECK_ORDER if r in cls.requires] + own:
-        if not requirement.is_met(algorithm.config, model, algorithm.info):
-            raise ConfigError(requirement.keys, requirement.message(cls.name or cls.__name__, algorithm.config, algorithm.info))
-    check_uploads(algorithm)
+    problems: list[tuple[str | None, str]] = [
+        (requirement.keys, requirement.message(cls.name or cls.__name__, algorithm.config, algorithm.info))
+        for requirement in [r for r in CHECK_ORDER if r in cls.requires] + own
+        if not requirement.is_met(algorithm.config, model, algorithm.info)
+    ]
+    problems += upload_problems(algorithm)
+    problems += compression_problems(algorithm.config, algorithm)
+    try:
+        check_fedbuff(algorithm.config, algorithm)
+    except ConfigError as error:
+        problems.append((error.key, error.message))
+    if problems:
+        raise config_error(problems)

@@ -181,39 +181,56 @@ def default_delta(population: int) -> float:
 
 
 def check_privacy_and_robust(config: RunConfig) -> None:
-    """The checks across sections (ValueError with one line): called by ``RunConfig``'s validator."""
+    """The checks across sections, called by ``RunConfig``'s validator: one ValueError listing every
+    problem of :func:`privacy_and_robust_problems`, one line each."""
+    problems = privacy_and_robust_problems(config)
+    if problems:
+        raise ValueError("\n  ".join(problems))  # ConfigError.detail's layout: one problem a line
+
+
+def privacy_and_robust_problems(config: RunConfig) -> list[str]:
+    """Every problem (one line each) of the ``privacy`` and ``robust`` sections with each other and with
+    the population and cohort sizes."""
     privacy, robust, cohort = config.privacy, config.robust, config.train.clients_per_round
+    problems = []
     if privacy.enabled:
         population = population_size(config)
         if privacy.population_size is not None and privacy.population_size < config.data.num_clients:
-            raise ValueError(f"privacy.population_size ({population}) must be >= data.num_clients ({config.data.num_clients})")
+            problems.append(f"privacy.population_size ({population}) must be >= data.num_clients ({config.data.num_clients})")
         if privacy.noise_cohort_size is not None and privacy.noise_cohort_size < cohort:
-            raise ValueError(
+            problems.append(
                 f"privacy.noise_cohort_size ({privacy.noise_cohort_size}) must be >= train.clients_per_round ({cohort}): "
                 "it calibrates the noise for a larger cohort than the one simulated"
             )
         if noise_cohort_size(config) > population:
-            raise ValueError(f"privacy.noise_cohort_size ({noise_cohort_size(config)}) must be <= the population ({population})")
+            problems.append(f"privacy.noise_cohort_size ({noise_cohort_size(config)}) must be <= the population ({population})")
         if privacy.delta is not None and privacy.delta >= 1 / population and not privacy.allow_large_delta:
-            raise ValueError(
+            problems.append(
                 f"privacy.delta ({privacy.delta:g}) is >= 1/population (1/{population}): such a δ allows releasing a client's "
                 "data outright; lower it or set privacy.allow_large_delta=true"
             )
         if privacy.clipping == "adaptive" and privacy.noise_multiplier is not None:
             problem = adaptive_noise_problem(privacy.noise_multiplier, clipped_count_stddev(config))
             if problem is not None:
-                raise ValueError(problem)
+                problems.append(problem)
         if privacy.mechanism == "central" and robust.rule != "none":
-            raise ValueError(
+            problems.append(
                 f"robust.rule={robust.rule} needs each client's update, and privacy.mechanism=central noises only their sum; "
                 "use privacy.mechanism=local with a robust rule"
             )
     if robust.rule in ("krum", "multi_krum") and cohort < 2 * robust.krum_f + 3:
-        raise ValueError(
+        problems.append(
             f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 2f + 3 "
             f"= {2 * robust.krum_f + 3} (got {cohort})"
         )
+    if robust.rule == "trimmed_mean" and robust.trim_fraction > 0 and math.floor(robust.trim_fraction * cohort) == 0:
+        problems.append(
+            f"robust.rule=trimmed_mean cuts ⌊β·m⌋ = ⌊{robust.trim_fraction:g}·{cohort}⌋ = 0 updates at each end (robust.trim_fraction, "
+            "train.clients_per_round), so it would be the plain mean of the updates; raise robust.trim_fraction to at least "
+            f"1/m = {1 / cohort:.3g} (below 0.5) or train.clients_per_round"
+        )
     if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > cohort - robust.krum_f:
-        raise ValueError(
+        problems.append(
             f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})"
         )
+    return problems

@@ -215,7 +215,7 @@ BAD = [
     ("no-noise", ["privacy.mechanism=central"], "privacy.mechanism needs privacy.noise_multiplier or privacy.target_epsilon"),
     (
         "prototypes-unbounded",
-        ["algorithm.name=fedsc", "privacy.mechanism=central", "privacy.noise_multiplier=1"],
+        ["algorithm.name=fedsc", "privacy.mechanism=central", "privacy.noise_multiplier=1", "privacy.sampling=fixed_size"],
         "privacy.clip_prototypes: fedsc uploads prototypes",
     ),
 ]
