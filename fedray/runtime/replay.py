@@ -311,6 +311,8 @@ def replay_client(run_dir: str | Path, round: int, client_id: int, *, debug: boo
             replayed["client_name"] = data.client_names[client_id]
         replayed.update(partial.client_metrics[client_id])
         device = str(pool.workers[worker].device)
+        if vectorized and not _on_worker(pool, worker, "vectorized"):  # train.vectorize=auto fell back to the loop, as the run did
+            vectorized, replayed_clients = False, [client_id]
 
     others = ", ".join(str(c) for c in replayed_clients if c != client_id) or "none"
     training = "alone (the loop)" if not vectorized else f"vectorised as in the run, with its worker's other clients of the round: {others}"
