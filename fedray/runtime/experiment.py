@@ -24,7 +24,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placemen
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fedray.algorithms import algorithm_label, get_algorithm_class
-from fedray.algorithms.vectorized import vectorized_path
+from fedray.algorithms.vectorized import check_vectorizable, vectorized_path
 from fedray.algorithms.requirements import is_personalised
 from fedray.cluster.placement import WorkerPlacement
 from fedray.models import parameter_counts
@@ -230,6 +230,7 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     except ValueError as error:
         raise ConfigError("model.name", f"{first_line(error)} (data.name={config.data.name} has {data.info.describe()})") from None
     check_requirements(algorithm, model)
+    check_vectorizable(config, algorithm, model)  # train.vectorize=on: the real model, also one the meta device cannot build
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
     if config.privacy.enabled:
         ServerUploadPath(config, algorithm)  # a noise multiplier calibrated from privacy.target_epsilon that adaptive clipping cannot use
@@ -543,6 +544,8 @@ def write_run_info(config: RunConfig, run_dir: Path, data: FederatedDataset) -> 
         **({"columns": {role: list(names) for role, names in data.info.columns.items()}} if data.info.columns else {}),
     }
     (run_dir / RUN_INFO_FILE).write_text(json.dumps(info, indent=2))
+    if config.train.vectorize != "off":  # auto says once which path the run took
+        logger.info("train.vectorize=%s: clients train %s", config.train.vectorize, info["training"])
 
 
 def check_round(config: RunConfig, row: dict[str, Any]) -> None:

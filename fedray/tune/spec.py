@@ -474,6 +474,7 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
 
     datasets: dict[str, Any] = {}  # trial shapes that differ only outside `data`/`seed` share one partition
     tasks: set[str] = set()
+    metric_named = spec.metric is not None  # else the first trial's task's headline
     for values in spec.trial_shapes():
         try:
             config = spec.trial_config(values)
@@ -488,7 +489,7 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
             spec.metric = default_metric(config.data.task)
         if spec.mode is None:
             spec.mode = default_mode(spec.metric, config.data.task)
-        if len(tasks) > 1 and "metric" not in spec.model_fields_set:
+        if len(tasks) > 1 and not metric_named:
             raise ConfigError(
                 "metric",
                 f"the trials learn different tasks ({', '.join(sorted(tasks))}); name the metric to rank them by",

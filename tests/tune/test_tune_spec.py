@@ -145,6 +145,25 @@ def test_a_tokenizer_and_an_hf_model_directory_are_pinned_too_and_other_model_na
     assert spec.space["model.name"].values == [f"hf:{tmp_path / 'models' / 'a'}", "torchvision:resnet18", "mylab.nets:Net"]
 
 
+@pytest.mark.parametrize(
+    ("sweep", "metric", "mode"), [("regression_diabetes.yaml", "test_rmse", "min"), ("lm_stdlib.yaml", "test_perplexity", "min")]
+)
+def test_a_sweep_ranks_by_its_tasks_headline_in_its_direction_by_default(sweep, metric, mode):
+    spec = load_sweep(REPO / "tune_configs" / sweep)
+    assert (spec.metric, spec.mode) == (metric, mode)
+
+
+def test_a_sweep_over_different_tasks_must_name_its_metric(tmp_path):
+    rows = "\n".join(f"{i % 7},{i % 2}" for i in range(60))
+    (tmp_path / "t.csv").write_text(f"x,y\n{rows}\n")  # y reads as a class label or as a regression target
+    data = {"name": "table", "path": str(tmp_path / "t.csv"), "label_column": "y", "num_clients": 6, "partition": "iid"}
+    base = {"data": data, "model": {"name": "mlp"}, "train": {"rounds": 2, "clients_per_round": 3}}
+    space = {"data.task": {"grid": ["regression", "classification"]}}
+    with pytest.raises(ConfigError, match="the trials learn different tasks"):
+        spec_from(tmp_path, base=base, space=space)
+    assert spec_from(tmp_path, base=base, space=space, metric="test_loss").mode == "min"
+
+
 def test_resolved_sweep_yaml_reloads_to_the_same_spec(tmp_path):
     spec = spec_from(tmp_path, scheduler={"type": "asha", "grace_period": 1}, space={"train.lr": {"loguniform": [0.01, 0.1]}})
     again = parse_sweep(yaml.safe_load(spec.to_yaml()), "sweep.yaml", tmp_path)
@@ -372,7 +391,8 @@ def test_every_shipped_sweep_file_is_valid(path):
         pytest.skip(f"algorithm(s) {', '.join(missing)} not registered yet")
     spec = load_sweep(path)
     assert 1 <= spec.num_trials <= (200 if path.stem == "compare_algorithms" else 100)  # the comparison table is large by design
-    assert all(spec.trial_config(values).data.name == "digits" for values in spec.trial_shapes())
+    offline = ("digits", "diabetes", "pystdlib_chars")  # every shipped sweep runs on data that ships with fedray's dependencies
+    assert all(spec.trial_config(values).data.name in offline for values in spec.trial_shapes())
 
 
 def test_shipped_sweeps_cover_every_algorithm_of_the_design():
