@@ -20,6 +20,7 @@ _API = {
     "prepare_data": "fedray.runtime.experiment",
     "resume_experiment": "fedray.runtime.experiment",
     "run_experiment": "fedray.runtime.experiment",
+    "replay_client": "fedray.runtime.replay",  # re-execute one client's update of a round (fedray replay)
 }
 
 __all__ = sorted(_API)
