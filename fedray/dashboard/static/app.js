@@ -109,7 +109,7 @@ function cellText(trial, key, overview) {
 function fmtMeanStd(stats, metric) {
   // "81.23 ± 1.20" (accuracies in %), as in the tables of papers
   if (!stats || !isNum(stats.mean)) return "–";
-  const percent = /accuracy/.test(metric);
+  const percent = /accuracy|_f1/.test(metric);
   const digits = (v) => (percent ? (100 * v).toFixed(2) : fmt(v));
   return `${digits(stats.mean)} ± ${digits(stats.std)}`;
 }
@@ -1113,9 +1113,11 @@ async function renderRun() {
   const names = Object.keys(view.curves);
   xAxisAvailable.run = Boolean(view.curves[SIM_TIME]);
   showXAxisChoice(xAxisAvailable);
-  const accuracy = names.filter((n) => /accuracy/.test(n) && !/_std$/.test(n));
+  // the run's task's headline (summary.json's, else the overview's metric: test_accuracy, test_rmse...), global and personal
+  const headline = ((view.summary && view.summary.headline) || state.overview.metric || "test_accuracy").replace(/^test_/, "");
+  const headlines = names.filter((n) => n.includes(headline) && !/_std$/.test(n));
   const loss = names.filter((n) => /loss/.test(n));
-  curvePlot("run-accuracy-plot", view.curves, accuracy.length ? accuracy : names.slice(0, 1), "accuracy");
+  curvePlot("run-accuracy-plot", view.curves, headlines.length ? headlines : names.slice(0, 1), headline);
   curvePlot("run-loss-plot", view.curves, loss, "loss");
   // privacy.mechanism: the ε spent so far (docs/guide/privacy.md); shown before drawing, so the plot gets its width
   const privacy = $("run-privacy-plot");
