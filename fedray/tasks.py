@@ -109,10 +109,6 @@ class Task:
         monitor's outlier test; ``None``: no such reference."""
         return None
 
-    @classmethod
-    def is_better(cls, value: float, than: float) -> bool:
-        return value > than if cls.mode == "max" else value < than
-
 
 class Classification(Task):
     """One class label per sample; cross-entropy; accuracy."""
