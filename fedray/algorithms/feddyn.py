@@ -34,11 +34,17 @@ Symbols → config keys: α → ``algorithm.dyn_alpha`` (0.01, the official CIFA
 θ̄ vs θᵗ for evaluation → ``algorithm.eval_model`` (``average`` | ``server``), the mean →
 ``algorithm.weighting`` (``uniform`` | ``samples``). The official code also clips gradients at 10
 and uses lr 0.1, E = 5, weight decay 1e-3: those are ``train.*`` settings, not FedDyn.
+
+``train.vectorize`` trains a worker's clients as one batched computation
+(:mod:`fedray.algorithms.vectorized`) through the ``vectorized_*`` hooks below, with this client
+step's maths: each client's α_k λ_k (the linear term's direction) and α_k/2 are per-client inputs,
+the loss adds the same linear and proximal terms to θ^{t−1}, and λ_k's update is the loop's code
+(:meth:`FedDyn.client_result`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -60,6 +66,8 @@ from fedray.models import FedModel, get_flat_weights, set_flat_weights
 from fedray.models.weights import parameter_views
 
 LAMBDA = "lambda"  # client-state key of λ_k (flat layout, zero at buffers)
+DIRECTION = "direction:"  # vectorised inputs: α_k λ_k of one parameter, keyed DIRECTION + its name
+HALF_ALPHA = "half_alpha"  # vectorised input: α_k / 2, the proximal term's weight
 
 
 class FedDynParams(AlgorithmParams):
@@ -74,6 +82,8 @@ class FedDyn(Algorithm):
     keeps_client_state = True
     Params = FedDynParams
     params: FedDynParams
+    #: The client step has pure batched hooks (below): train.vectorize may train clients as a group.
+    vectorizable: ClassVar[bool] = True
 
     # ----------------------------------------------------------------- server side
     def init_server_state(self, model: FedModel) -> ServerState:
@@ -124,15 +134,57 @@ class FedDyn(Algorithm):
     def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
         previous = broadcast["weights"].to(ctx.device)
         set_flat_weights(ctx.model, previous)
-        lam = torch.zeros_like(previous) if ctx.state is None else ctx.state[LAMBDA]
+        lam = self.client_lambda(ctx, previous)
         metrics = local_train(ctx, self.local_loss(ctx, lam, self.client_alpha(ctx)))
-        trained = get_flat_weights(ctx.model)
+        return self.client_result(ctx, previous, lam, get_flat_weights(ctx.model), metrics)
+
+    def client_lambda(self, ctx: ClientContext, previous: Tensor) -> Tensor:
+        """λ_k: the client's stored state, or zeros before its first round."""
+        return torch.zeros_like(previous) if ctx.state is None else ctx.state[LAMBDA]
+
+    def client_result(self, ctx: ClientContext, previous: Tensor, lam: Tensor, trained: Tensor, metrics: dict[str, float]) -> ClientUpdate:
+        """The client's update from its trained flat weights: ``λ_k ← λ_k + (θ_k − θ^{t−1})`` on
+        parameters, and its sums (the loop's and the vectorised step's)."""
         new_lambda = torch.where(self.parameter_mask.to(ctx.device), lam + trained - previous, 0.0)
         if self.params.weighting == "uniform":
             sums = weighted_sums(trained, 1)
         else:
             sums = {**weighted_sums(trained, ctx.num_samples), "weights_sum": trained.double()}
         return ClientUpdate(sums=sums, metrics=metrics, state={LAMBDA: new_lambda})
+
+    # ----------------------------------------------------------------- vectorised client step
+    def vectorized_start(self, broadcast: Broadcast) -> Tensor:
+        """The flat weights every client of the round starts from: θ^{t−1}."""
+        return broadcast["weights"]
+
+    def vectorized_inputs(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, Tensor]:
+        """The client's linear direction α_k λ_k, one tensor per parameter (``DIRECTION`` + its
+        name), computed as :meth:`local_loss` computes it, and α_k/2 (a float32 scalar, as the loop's
+        Python float meets a float32 tensor)."""
+        previous = broadcast["weights"].to(ctx.device)
+        lam, alpha_k = self.client_lambda(ctx, previous), self.client_alpha(ctx)
+        model = ctx.model
+        directions = {
+            DIRECTION + name: alpha_k * d for (name, _), d in zip(model.named_parameters(), parameter_views(model, lam), strict=True)
+        }
+        return {**directions, HALF_ALPHA: torch.tensor(0.5 * alpha_k, dtype=torch.float32, device=ctx.device)}
+
+    def vectorized_loss(
+        self, base: Tensor, params: dict[str, Tensor], start: dict[str, Tensor], inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`local_loss`'s objective: ``base + α_k⟨λ_k, θ − θ^{t−1}⟩ + (α_k/2)‖θ − θ^{t−1}‖²``
+        (θ^{t−1}: ``start``)."""
+        proximal = proximal_term(params.values(), start.values())
+        directions = [inputs[DIRECTION + name] for name in params]
+        loss = base + linear_term(params.values(), directions, start.values()) + inputs[HALF_ALPHA] * proximal
+        return loss, {self.task.loss_term: base, "proximal": proximal}
+
+    def vectorized_update(
+        self, ctx: ClientContext, broadcast: Broadcast, flat: Tensor, metrics: dict[str, float], inputs: dict[str, Tensor]
+    ) -> ClientUpdate:
+        """:meth:`client_result` of the client's trained flat weights, as the loop's."""
+        previous = broadcast["weights"].to(ctx.device)
+        return self.client_result(ctx, previous, self.client_lambda(ctx, previous), flat, metrics)
 
     # ----------------------------------------------------------------- evaluation
     def load_global_model(self, model: FedModel, broadcast: Broadcast) -> FedModel:

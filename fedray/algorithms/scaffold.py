@@ -28,6 +28,12 @@ variates live on parameter entries only (zero at BatchNorm buffers, which take t
 c_i⁺ is the client's state in the client state store; c, with the weights, is the server state, so
 both survive checkpoints and resume.
 
+``train.vectorize`` trains a worker's clients as one batched computation
+(:mod:`fedray.algorithms.vectorized`) through the ``vectorized_*`` hooks below, with this client
+step's maths: each client's ``c − c_i`` is a per-client input (its stored c_i, or zeros), the loss
+adds the same linear term, and the new control variate is computed from the client's own K (clients
+differ in sample counts, so in steps) by the loop's code (:meth:`Scaffold.client_result`).
+
 Symbols → config keys: η_g → ``algorithm.server_lr`` (1, the paper's experiments); the weighting of
 ȳ → ``algorithm.weighting`` (``samples``, so that round 1 equals FedAvg; ``uniform`` is the paper's
 1/|S|). The server step is :mod:`fedray.algorithms.server_optimizers`'s, so
@@ -38,7 +44,7 @@ paper's rule).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -62,6 +68,7 @@ from fedray.models import FedModel, get_flat_weights, set_flat_weights
 from fedray.models.weights import parameter_views
 
 CONTROL = "control"  # server-state, broadcast and client-state key of a control variate
+CORRECTION = "correction:"  # vectorised inputs: c − c_i of one parameter, keyed CORRECTION + its name
 
 
 class ScaffoldParams(ServerOptimizerParams):
@@ -88,6 +95,8 @@ class Scaffold(ServerOptimizedAlgorithm):
     keeps_client_state = True
     Params = ScaffoldParams
     params: ScaffoldParams
+    #: The client step has pure batched hooks (below): train.vectorize may train clients as a group.
+    vectorizable: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)
@@ -112,10 +121,8 @@ class Scaffold(ServerOptimizedAlgorithm):
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast) -> ClientUpdate:
         model = ctx.model
-        x = broadcast["weights"].to(ctx.device)
+        x, control, own_control = self.client_controls(ctx, broadcast)
         set_flat_weights(model, x)
-        control = broadcast[CONTROL].to(ctx.device)
-        own_control = torch.zeros_like(control) if ctx.state is None else ctx.state[CONTROL]
         correction = parameter_views(model, control - own_control)  # fixed for the whole round
         start = parameter_views(model, x)
 
@@ -124,10 +131,50 @@ class Scaffold(ServerOptimizedAlgorithm):
             return base + linear_term(model.parameters(), correction, start), {self.task.loss_term: base.detach()}
 
         metrics = local_train(ctx, loss_fn)
-        y_flat = get_flat_weights(model)
+        return self.client_result(ctx, x, control, own_control, get_flat_weights(model), metrics)
+
+    def client_controls(self, ctx: ClientContext, broadcast: Broadcast) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, c, c_i)`` on the client's device: the round's global weights, the server's control
+        variate and the client's own (its stored state, or zeros before its first round)."""
+        x = broadcast["weights"].to(ctx.device)
+        control = broadcast[CONTROL].to(ctx.device)
+        own_control = torch.zeros_like(control) if ctx.state is None else ctx.state[CONTROL]
+        return x, control, own_control
+
+    def client_result(
+        self, ctx: ClientContext, x: Tensor, control: Tensor, own_control: Tensor, y_flat: Tensor, metrics: dict[str, float]
+    ) -> ClientUpdate:
+        """The client's update from its trained flat weights ``y_flat``: option II's
+        ``c_i⁺ = c_i − c + (x − y) / (K_eff · η_l)`` with the client's own K, its weighted weights,
+        ``Δc_i`` and its new state (the loop's and the vectorised step's)."""
         steps = effective_local_steps(local_steps(ctx.num_samples, ctx.train), ctx.train.momentum)
         mask = self.parameter_mask.to(ctx.device)
         new_control = torch.where(mask, own_control - control + (x - y_flat) / (steps * ctx.lr), 0.0)
         weight = ctx.num_samples if self.params.weighting == "samples" else 1
         sums = {**weighted_sums(y_flat, weight), "delta_control": (new_control - own_control).double()}
         return ClientUpdate(sums=sums, metrics=metrics, state={CONTROL: new_control})
+
+    # ----------------------------------------------------------------- vectorised client step
+    def vectorized_start(self, broadcast: Broadcast) -> Tensor:
+        """The flat weights every client of the round starts from: x."""
+        return broadcast["weights"]
+
+    def vectorized_inputs(self, ctx: ClientContext, broadcast: Broadcast) -> dict[str, Tensor]:
+        """The client's ``c − c_i``, one tensor per parameter (``CORRECTION`` + its name), shaped
+        like it: fixed for the round, as the loop's ``correction``."""
+        _, control, own_control = self.client_controls(ctx, broadcast)
+        views = parameter_views(ctx.model, control - own_control)
+        return {CORRECTION + name: view for (name, _), view in zip(ctx.model.named_parameters(), views, strict=True)}
+
+    def vectorized_loss(
+        self, base: Tensor, params: dict[str, Tensor], start: dict[str, Tensor], inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loop's objective: the base loss plus ``⟨c − c_i, y − x⟩`` (x: ``start``)."""
+        correction = [inputs[CORRECTION + name] for name in params]
+        return base + linear_term(params.values(), correction, start.values()), {self.task.loss_term: base}
+
+    def vectorized_update(
+        self, ctx: ClientContext, broadcast: Broadcast, flat: Tensor, metrics: dict[str, float], inputs: dict[str, Tensor]
+    ) -> ClientUpdate:
+        """:meth:`client_result` of the client's trained flat weights, as the loop's."""
+        return self.client_result(ctx, *self.client_controls(ctx, broadcast), flat, metrics)

@@ -26,6 +26,7 @@ from fedray.config import ConfigError
 from fedray.data import build_federated_dataset
 from fedray.models import build_model, get_flat_weights
 from fedray.runtime.worker import ClientWorker
+from fedray.runtime.reduction import tensors_to
 from fedray.testing import Federation
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -96,6 +97,114 @@ def test_one_rounds_uploads_equal_the_loops(tmp_path, case, sgd):
     loop = uploads([worker.algorithm.client_update(worker.client_context(round, client, -1), broadcast) for client in clients])
     assert_same_uploads(vectorised, loop)
     assert all(not torch.equal(weights, broadcast["weights"]) for weights, _ in vectorised)
+
+
+#: Algorithms with client state (SCAFFOLD's c_i, FedDyn's λ_k) and per-client maths (SCAFFOLD's K
+#: in its control variate, FedDyn's α_k with ``alpha_scaling: size``).
+STATEFUL_CASES = {
+    "scaffold-mlp-features": ["algorithm.name=scaffold", "data.name=breast_cancer", "model.name=mlp", "model.width=16"],
+    "scaffold-cnn-crop-flip-uniform": [
+        "algorithm.name=scaffold",
+        "algorithm.weighting=uniform",
+        "model.name=cnn_small",
+        "model.width=4",
+        "data.augmentation=crop_flip",
+    ],
+    "feddyn-mlp-features": [
+        "algorithm.name=feddyn",
+        "algorithm.dyn_alpha=0.1",
+        "data.name=breast_cancer",
+        "model.name=mlp",
+        "model.width=16",
+    ],
+    "feddyn-cnn-samples": [
+        "algorithm.name=feddyn",
+        "algorithm.dyn_alpha=0.1",
+        "algorithm.weighting=samples",
+        "model.name=cnn_small",
+        "model.width=4",
+    ],
+}
+
+
+def assert_same_updates(vectorised, loop) -> None:
+    """:func:`assert_same_uploads`, and every sum (SCAFFOLD's ``delta_control``, FedDyn's
+    ``weights_sum``) and every tensor of the new client state, within the same tolerance."""
+    assert_same_uploads(uploads(vectorised), uploads(loop))
+    for update, loop_update in zip(vectorised, loop, strict=True):
+        assert list(update.sums) == list(loop_update.sums)
+        assert torch.equal(update.sums["num_samples"], loop_update.sums["num_samples"])
+        for name, value in update.sums.items():  # n·w and n: compared as w above
+            assert value.dtype == loop_update.sums[name].dtype, name
+            if name not in ("weights", "num_samples"):
+                torch.testing.assert_close(value, loop_update.sums[name], rtol=RTOL, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
+        assert loop_update.state is not None and list(update.state) == list(loop_update.state)
+        for name, value in update.state.items():
+            assert value.dtype == loop_update.state[name].dtype, name
+            torch.testing.assert_close(value, loop_update.state[name], rtol=RTOL, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def stateful_broadcast(algorithm, worker: ClientWorker, round: int):
+    """A broadcast of ``round`` from a server state that is not the fresh one: shifted weights and,
+    for SCAFFOLD, a non-zero server control variate c (so that c − c_i ≠ 0 from round 1 on)."""
+    torch.manual_seed(round)
+    state = algorithm.init_server_state(worker.model_for(None))
+    state["weights"] = state["weights"] + 0.01 * torch.randn(1)
+    if "control" in state:
+        state["control"] = 0.05 * torch.randn_like(state["control"])
+    return algorithm.broadcast(state, round)
+
+
+@pytest.mark.parametrize("case", list(STATEFUL_CASES), ids=list(STATEFUL_CASES))
+@pytest.mark.parametrize("sgd", ["plain", "momentum-decay-clip"])
+def test_two_rounds_of_stateful_clients_equal_the_loop(tmp_path, case, sgd):
+    """Round 1: clients without state; round 2: four of them with the state the vectorised round 1
+    stored (c_i, λ_k) and two without, on ragged clients (different K, α_k). Each round's updates
+    (weights, loss terms, every sum, the new state) equal the loop's on the same contexts."""
+    overrides = STATEFUL_CASES[case] + (FULL_SGD if sgd != "plain" else []) + ["train.vectorize=on"]
+    worker = make_worker(tmp_path, overrides)
+    algorithm = worker.algorithm
+    first, second = [0, 3, 4, 7, 9, 11], [0, 2, 3, 7, 10, 11]
+    for round, clients in ((1, first), (2, second)):
+        broadcast = tensors_to(stateful_broadcast(algorithm, worker, round), worker.device)
+        version = {client: (1 if round == 2 and client in first else -1) for client in clients}
+        contexts = [worker.client_context(round, client, version[client]) for client in clients]
+        steps = [num_steps(ctx) for ctx in contexts]
+        assert len(set(steps)) > 1, steps  # clients stop at different steps (and differ in K)
+        assert any(ctx.num_samples % ctx.train.batch_size for ctx in contexts)  # and have partial batches
+        stateful = [ctx.state is not None for ctx in contexts]
+        assert stateful == [round == 2 and client in first for client in clients]
+        assert all(bool(next(iter(ctx.state.values())).abs().sum() > 0) for ctx in contexts if ctx.state is not None)
+        vectorised = train_group(algorithm, contexts, broadcast)
+        loop = [algorithm.client_update(worker.client_context(round, client, version[client]), broadcast) for client in clients]
+        assert_same_updates(vectorised, loop)
+        for client, update in zip(clients, vectorised, strict=True):  # round 2 loads the vectorised round 1's state
+            worker.state_store.save(client, round, update.state, keep=())
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
+def test_a_stateful_run_through_the_worker_equals_the_loop(tmp_path, algorithm):
+    """Three rounds through the worker's vectorised path (groups of 3, states stored and loaded by
+    the worker, clients joining in later rounds) against the loop: the server state (weights and
+    SCAFFOLD's c or FedDyn's Σλ) within the tolerance."""
+    overrides = [f"algorithm.name={algorithm}", "model.name=mlp", "model.width=16", "train.momentum=0.9"]
+    overrides += [
+        "data.num_clients=8",
+        "data.partition=dirichlet",
+        "data.alpha=0.5",
+        *(["algorithm.dyn_alpha=0.1"] if algorithm == "feddyn" else []),
+    ]
+    vectorised = Federation(tmp_path / "on", [*overrides, "train.vectorize=on", "resources.vectorize_group=3"])
+    loop = Federation(tmp_path / "off", overrides)
+    for round, clients in ((1, [0, 1, 2, 3]), (2, [1, 2, 4, 5]), (3, [0, 2, 5, 6])):
+        row, loop_row = vectorised.run_round(round, clients), loop.run_round(round, clients)
+        assert math.isclose(row["train_loss"], loop_row["train_loss"], rel_tol=RTOL)
+        assert list(vectorised.state) == list(loop.state)
+        for name, value in vectorised.state.items():
+            torch.testing.assert_close(value, loop.state[name], rtol=RTOL, atol=ATOL)
+    second = "control" if algorithm == "scaffold" else "lambda_sum"
+    assert bool(vectorised.state[second].abs().sum() > 0)
+    assert vectorised.worker.training_path == VECTORIZED and loop.worker.training_path is None
 
 
 def partial_of(worker: ClientWorker, tasks, broadcast):
@@ -169,14 +278,14 @@ def test_a_vectorised_run_is_deterministic_and_off_is_the_loop(tmp_path):
 
 
 def test_auto_trains_what_cannot_be_vectorised_as_the_loop(tmp_path):
-    overrides = ["model.name=cnn_small", "model.width=4", "algorithm.name=scaffold"]
+    overrides = ["model.name=cnn_small", "model.width=4", "algorithm.name=moon", "model.projection_dim=8"]
     auto = Federation(tmp_path / "auto", [*overrides, "train.vectorize=auto"])
     off = Federation(tmp_path / "off", [*overrides, "train.vectorize=off"])
     assert auto.run_round(1) == off.run_round(1)
     assert torch.equal(auto.state["weights"], off.state["weights"])
     assert (
         auto.worker.training_path
-        == "loop: algorithm scaffold does not declare vectorizable (its client update is not written as pure batched functions)"
+        == "loop: algorithm moon does not declare vectorizable (its client update is not written as pure batched functions)"
     )
 
 
@@ -194,6 +303,8 @@ def config_and_model(overrides: list[str]):
         (["algorithm.name=fedprox", "model.name=mlp"], VECTORIZED),
         (["algorithm.name=fedavgm"], VECTORIZED),  # FedAvg's client step, inherited
         (["algorithm.name=fedyogi"], VECTORIZED),
+        (["algorithm.name=scaffold"], VECTORIZED),
+        (["algorithm.name=feddyn", "model.name=mlp"], VECTORIZED),
         (["algorithm.name=fedlc"], "loop: algorithm fedlc overrides local_loss of FedAvg"),
         (["algorithm.name=moon", "model.projection_dim=8"], "loop: algorithm moon does not declare vectorizable"),
         (["train.optimizer=adam"], "loop: train.optimizer=adam"),
@@ -221,21 +332,21 @@ def test_dropout_frozen_and_buffered_models_train_as_the_loop():
 
 
 def test_on_refuses_before_the_run_and_auto_does_not():
-    config = load_config(None, ["train.vectorize=on", "algorithm.name=scaffold"])
+    config = load_config(None, ["train.vectorize=on", "algorithm.name=moon", "model.projection_dim=8"])
     data = build_federated_dataset(config.data, config.seed)
-    with pytest.raises(ConfigError, match="train.vectorize: on, but algorithm scaffold does not declare vectorizable"):
+    with pytest.raises(ConfigError, match="train.vectorize: on, but algorithm moon does not declare vectorizable"):
         worker_module.build_algorithm(config, data)
     with pytest.raises(ConfigError, match="model ResNet has BatchNorm"):  # found on the meta device
         worker_module.build_algorithm(load_config(None, ["train.vectorize=on", "model.name=resnet8"]), data)
-    worker_module.build_algorithm(load_config(None, ["train.vectorize=auto", "algorithm.name=scaffold"]), data)
+    worker_module.build_algorithm(load_config(None, ["train.vectorize=auto", "algorithm.name=moon", "model.projection_dim=8"]), data)
 
 
 def test_on_with_an_unsupported_algorithm_exits_2_with_one_line(tmp_path):
     from test_bad_inputs import assert_rejected, run_fedray
 
-    args = ["run", "--set", "train.vectorize=on", "--set", "algorithm.name=scaffold", "--set", f"output.dir={tmp_path / 'runs'}"]
-    result = run_fedray(args, tmp_path)
-    assert_rejected(result, "train.vectorize: on, but algorithm scaffold does not declare vectorizable")
+    args = ["run", "--set", "train.vectorize=on", "--set", "algorithm.name=moon", "--set", "model.projection_dim=8"]
+    result = run_fedray([*args, "--set", f"output.dir={tmp_path / 'runs'}"], tmp_path)
+    assert_rejected(result, "train.vectorize: on, but algorithm moon does not declare vectorizable")
     assert not (tmp_path / "runs").exists()
 
 
