@@ -33,6 +33,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, ser_json_inf_nan="constants")
 
 
+class AuditConfig(_Section):
+    """``privacy.audit``: an empirical lower bound on the run's ε from the run itself (Steinke, Nasr and
+    Jagielski, NeurIPS 2023; :mod:`fedray.privacy.audit`). Off (0 canaries) by default."""
+
+    canaries: int = Field(
+        0,
+        ge=0,
+        description="m: random update directions of norm privacy.clip, each 'in' with probability ½; an 'in' canary joins "
+        "each round's clipped sum, before the central noise, with the accountant's sampling probability (0: no audit)",
+    )
+    guesses: int | None = Field(
+        None, gt=0, description="k: the k highest-scoring canaries are guessed 'in' and the k lowest 'out' (None: m/4)"
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="the confidence of the reported lower bound on ε")
+
+    @property
+    def enabled(self) -> bool:
+        return self.canaries > 0
+
+    @property
+    def per_side(self) -> int:
+        """k: the guesses on each side."""
+        return self.guesses if self.guesses is not None else max(1, self.canaries // 4)
+
+
 class PrivacyConfig(_Section):
     """``privacy``: user-level differential privacy of every upload (weights, prototypes, ...)."""
 
@@ -103,6 +128,11 @@ class PrivacyConfig(_Section):
         description="adaptive clipping: σ_b, the std of the noise on the count of unclipped updates of a cohort of "
         "noise_cohort_size clients (None: noise_cohort_size/20, the paper's choice); must exceed z/2",
     )
+    audit: AuditConfig = Field(
+        default_factory=AuditConfig,
+        description="an empirical privacy audit from canaries (central DP only; privacy.noise_multiplier 0 audits a run "
+        "without noise, whose accountant's ε is infinite)",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +140,18 @@ class PrivacyConfig(_Section):
 
     @model_validator(mode="after")
     def _noise_is_determined(self) -> "PrivacyConfig":
+        if self.audit.enabled and self.mechanism != "central":
+            raise ValueError(
+                "privacy.audit needs privacy.mechanism=central (its canaries join the server's clipped sum before the central "
+                "noise); for a run without noise, set privacy.mechanism=central and privacy.noise_multiplier=0"
+            )
+        if self.audit.enabled and self.sampling != "poisson":
+            raise ValueError("privacy.audit needs privacy.sampling=poisson (its canaries are added or removed, each sampled with q)")
+        if self.audit.enabled and 2 * self.audit.per_side > self.audit.canaries:
+            raise ValueError(
+                f"privacy.audit.guesses ({self.audit.per_side}) must be <= privacy.audit.canaries / 2 ({self.audit.canaries // 2}): "
+                "k canaries are guessed 'in' and k others 'out'"
+            )
         if self.mechanism == "none":
             return self
         if self.noise_multiplier is None and self.target_epsilon is None:
