@@ -1,6 +1,7 @@
-"""``fedray algorithms [NAME ...] [--format text|yaml]``: list the algorithms ``algorithm.name`` can
-name, each with the tasks it serves (``data.task``, from its requirements), its ``algorithm.*`` keys,
-their defaults and what they mean.
+"""``fedray algorithms [NAME ...] [--format text|yaml] [--matrix]``: list the algorithms ``algorithm.name``
+can name, each with the tasks it serves (``data.task``, from its requirements), its ``algorithm.*``
+keys, their defaults and what they mean; with ``--matrix``, which feature works with which of them
+(:mod:`fedray.algorithms.support`, docs/support_matrix.md).
 
 The keys and defaults are read from each algorithm's pydantic ``Params`` model, the same model that
 validates a config, so the listing cannot drift from what ``fedray run`` accepts. Built-ins and
@@ -17,6 +18,8 @@ import typing
 from typing import Any
 
 import yaml
+
+from fedray.config import ConfigError
 
 #: The end of a docstring's first sentence: a full stop followed by a space or the end, but not the
 #: abbreviations the algorithms' docstrings use ("et al.", "Eq.", "e.g.", "i.e.").
@@ -41,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="text",
         help="text (default): a readable listing; yaml: each algorithm's section with its defaults, ready to paste into a run config",
     )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="which feature (task, systems model, async, compression, DP, robust rules, attackers, personalised evaluation, "
+        "client state on S3) works with which algorithm, as the checks before Ray decide it: a table, then the reasons "
+        "(with NAME: that algorithm's cells, one a line)",
+    )
     parser.set_defaults(handler=algorithms_command)
 
 
@@ -50,6 +60,14 @@ def algorithms_command(args: argparse.Namespace) -> int:
 
     names = list(args.names) or list(ALGORITHMS)
     classes = {name: get_algorithm_class(name) for name in names}
+    if args.matrix:
+        from fedray.algorithms.support import cells_text, matrix_text, support_matrix
+
+        if args.format != "text":
+            raise ConfigError("--matrix", "prints text only; leave out --format", within=None)
+        matrix = support_matrix(names)
+        sys.stdout.write(cells_text(matrix) if args.names else matrix_text(matrix))
+        return 0
     if args.format == "yaml":
         sys.stdout.write(algorithms_yaml(classes))
     else:

@@ -1,0 +1,200 @@
+"""No silent combination: cells of the support matrix (fedray.algorithms.support) run for real, each
+doing what the matrix says. A supported cell (✓ or ~) is the cell's own config run by ``fedray run``
+on the local backend for one round, and its feature shows in the metrics: bytes_up smaller by exactly
+what compression saves on the model weights (and nothing more where the matrix says other uploads
+travel uncompressed), dp_epsilon under DP, malicious_clients counted, personal_* metrics, FedBuff's
+staleness, client state on a real S3 API (moto's server). A refused cell (✗) exits with code 2 before
+Ray starts, its problem lines exactly the cell's reasons.
+
+Every algorithm is walked with top-k compression and central DP, and the systems model (compression's
+baseline) but for the heavy self-supervised ones; the other features on a representative set of
+algorithms; the heavy cells once.
+The real CLI, each command a fork of a preloaded process (tests/preloaded_cli.py)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+import fedray
+from e2e_helpers import final_weights
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.support import DEVIATES, REFUSED, SUPPORTED, Cell, support_matrix
+from fedray.tracking import read_metrics
+from preloaded_cli import RAY_STARTED, run_fedray_preloaded
+
+RUN_ONLY = ["resources.backend=local", "resources.num_workers=1", "output.plots=false", "output.tensorboard=false"]
+
+#: (algorithm, feature) walked besides every algorithm's top-k and central DP cells
+REPRESENTATIVE = [
+    *[("fedavg", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "personalised", "async")],
+    *[("fedsc", key) for key in ("local_dp", "async", "median", "personalised")],
+    *[("fedskc", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "async")],
+    *[("scaffold", key) for key in ("topk_ef", "local_dp", "async")],
+    *[("moon", key) for key in ("async", "attackers", "krum")],
+    *[("ditto", key) for key in ("personalised", "fp16", "async")],
+    ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
+    ("hetero_ssfl", "personalised"),
+]
+RULES = ["median", "trimmed_mean", "krum", "multi_krum"]
+#: Self-supervised algorithms with BYOL's 4096-wide heads and a linear probe at each evaluation, and
+#: Hetero-SSFL's per-client probes: seconds to tens of seconds a run, so their supported cells run once
+HEAVY = ("fedavg_byol", "fedema", "fedu", "hetero_ssfl")
+WALKED = sorted(
+    {
+        *[(name, key) for name in ALGORITHMS for key in ("topk", "central_dp")],
+        *[(name, "systems") for name in ALGORITHMS if name not in HEAVY],  # compression's baseline too
+        *REPRESENTATIVE,
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    names = list(ALGORITHMS)
+    walked = support_matrix(names, ["systems", "topk", "central_dp"])
+    more = support_matrix(
+        sorted({name for name, _ in REPRESENTATIVE} | {"fedavg", "scaffold"}), [*{key for _, key in REPRESENTATIVE}, *RULES, "s3_state"]
+    )
+    walked.cells.update(more.cells)
+    return walked
+
+
+def fedray_run(overrides: tuple[str, ...] | list[str], directory: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    run_dir = directory / "out" / "run"
+    args = ["run", "--quiet"]
+    for key in [*overrides, *RUN_ONLY, f"output.dir={directory / 'out'}", "output.name=run"]:
+        args += ["--set", key]
+    return run_fedray_preloaded(args, directory), run_dir
+
+
+def assert_refused_with_its_reasons(result: subprocess.CompletedProcess, cell: Cell, run_dir: Path) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr + result.stdout and RAY_STARTED not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0] == "fedray: invalid config:", lines
+    assert [line.strip() for line in lines[1:]] == list(cell.notes)
+    assert not run_dir.exists()
+
+
+def ran(result: subprocess.CompletedProcess, run_dir: Path) -> tuple[dict, list[dict]]:
+    """The round row and the client rows of a supported cell's run, which must have finished."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(run_dir, "round")
+    assert len(rows) == 1
+    return rows[0], read_metrics(run_dir, "client")
+
+
+def compression_saving(method: str, d: int) -> int:
+    """Bytes a client saves on d float32 model weights (docs/guide/systems.md's table)."""
+    return {
+        "fp16": 2 * d,
+        "int8": 4 * d - (d + 4 * math.ceil(d / 1024)),
+        "topk": 4 * d - 8 * max(1, math.ceil(0.01 * d)),
+        "topk_ef": 4 * d - 8 * max(1, math.ceil(0.01 * d)),
+    }[method]
+
+
+@pytest.fixture(scope="module")
+def systems_runs() -> dict[str, dict]:
+    """Each algorithm's systems-model cell's round row, the baseline compression is measured against."""
+    return {}
+
+
+def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, systems_runs: dict[str, dict]) -> None:
+    result, run_dir = fedray_run(cell.overrides, directory)
+    row, clients = ran(result, run_dir)
+    if key == "systems":
+        assert row["sim_time"] > 0 and row["bytes_down"] >= 0 and row["bytes_up"] >= 0  # Local uploads nothing
+        systems_runs[name] = row
+    elif key in ("fp16", "int8", "topk", "topk_ef"):
+        if name not in systems_runs:
+            check_supported(name, "systems", matrix.cell(name, "systems"), directory / "systems", matrix, systems_runs)
+        plain = systems_runs[name]
+        d = final_weights(run_dir).numel()
+        assert len(clients) == row["aggregated"] and all(client["upload_bytes"] > 0 for client in clients)
+        # exactly the model weights' saving: the other uploads (~: the ones named) travel as they were
+        assert plain["bytes_up"] - row["bytes_up"] == row["aggregated"] * compression_saving(key, d), (name, key, cell.notes)
+        if key == "topk_ef":
+            assert any((run_dir / "client_state").rglob("*.pt"))  # the residuals
+    elif key in ("central_dp", "local_dp"):
+        assert row["dp_epsilon"] > 0 and math.isfinite(row["dp_epsilon"])
+        assert all(client["update_norm"] > 0 for client in clients)
+    elif key == "attackers":
+        assert row["malicious_clients"] >= 1
+        assert row["malicious_clients"] == sum(client.get("malicious") == 1.0 for client in clients)
+    elif key == "personalised":
+        personal = [metric for metric in row if metric.startswith("personal_")]
+        if cell.status == DEVIATES:  # the deviation the matrix states: the setting has no effect
+            assert not personal and "no personal_* metrics" in cell.notes[0]
+        else:
+            assert row["personal_accuracy"] > 0
+    elif key == "async":
+        assert row["staleness_mean"] >= 0 and row["aggregated"] >= 1
+    elif key in RULES:
+        assert row["clients"] == 5 and len(clients) == 5
+    else:
+        raise AssertionError(f"no check for {key}")
+
+
+@pytest.mark.parametrize(("name", "key"), WALKED, ids=[f"{name}-{key}" for name, key in WALKED])
+def test_a_cell_does_what_the_matrix_says(name, key, matrix, systems_runs, tmp_path):
+    cell = matrix.cell(name, key)
+    if cell.status == REFUSED:
+        result, run_dir = fedray_run(cell.overrides, tmp_path)
+        assert_refused_with_its_reasons(result, cell, run_dir)
+    else:
+        check_supported(name, key, cell, tmp_path, matrix, systems_runs)
+
+
+def test_each_robust_rule_changes_the_aggregate(matrix, tmp_path):
+    """The four rules on FedAvg's cohort of 5 (the trimmed mean cutting one update at each end): each
+    aggregate differs from the plain mean's and from the others'."""
+    losses = {}
+    for rule in ["none", *RULES]:
+        overrides = matrix.cell("fedavg", "median").overrides if rule == "none" else matrix.cell("fedavg", rule).overrides
+        if rule == "none":
+            overrides = tuple(key for key in overrides if not key.startswith("robust."))
+        assert rule == "none" or matrix.cell("fedavg", rule).status == SUPPORTED
+        row, _ = ran(*fedray_run(overrides, tmp_path / rule))
+        losses[rule] = row["test_loss"]
+    assert len(set(losses.values())) == len(losses), losses
+
+
+def test_the_task_cells_on_a_regression(matrix, tmp_path):
+    """A task the algorithm serves runs on scikit-learn's diabetes table (test_rmse); one it does not is
+    refused with the cell's reason, the task requirement's."""
+    diabetes = ["data.name=diabetes", "data.task=regression", "data.num_clients=4", "model.name=mlp"]
+    cells = support_matrix(["fedavg", "fedproto"], ["regression"])
+    assert cells.cell("fedavg", "regression").status == SUPPORTED
+    row, _ = ran(*fedray_run([*cells.cell("fedavg", "regression").overrides, *diabetes], tmp_path / "fedavg"))
+    assert row["test_rmse"] > 0
+    refused = cells.cell("fedproto", "regression")
+    result, run_dir = fedray_run([*refused.overrides, *diabetes], tmp_path / "fedproto")
+    assert_refused_with_its_reasons(result, refused, run_dir)
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fedavg"])
+def test_client_state_on_s3_is_stored_there_or_the_matrix_says_nothing_is(name, matrix, s3, tmp_path):
+    """SCAFFOLD keeps its control variates per client (✓): they land in the bucket; FedAvg keeps no
+    client state (~, no effect): nothing does. In this process, which holds moto's credentials."""
+    cell = matrix.cell(name, "s3_state")
+    prefix = f"support-walk/{name}"
+    overrides = [
+        key if not key.startswith("output.client_state_dir=") else f"output.client_state_dir={s3.uri(prefix)}" for key in cell.overrides
+    ]
+    config = fedray.load_config(None, [*overrides, *RUN_ONLY, f"output.dir={tmp_path}", "output.name=run"])
+    summary = fedray.run_experiment(config, progress=False)
+    assert summary.rounds == 1
+    stored = s3.filesystem().get_file_info(pafs.FileSelector(f"{s3.bucket}/{prefix}", recursive=True, allow_not_found=True))
+    stored = [info for info in stored if info.type == pafs.FileType.File]
+    if cell.status == SUPPORTED:
+        assert stored, "no client state was written to S3"
+    else:
+        assert cell.status == DEVIATES and "nothing is stored there" in cell.notes[0]
+        assert stored == []
