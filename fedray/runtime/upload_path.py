@@ -74,6 +74,7 @@ from fedray.systems.compression import UploadCompression, compressed_uploads, co
 
 if TYPE_CHECKING:  # dp-accounting is the optional extra `privacy`: imported only when privacy is on
     from fedray.privacy.accountant import CentralAccountant
+    from fedray.privacy.audit import CanaryAudit
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +240,11 @@ class ServerUploadPath:
         self.rounds_accounted = 0
         self.participations = np.zeros(config.data.num_clients, dtype=np.int64)  # local DP: releases per client
         self.accountant: CentralAccountant | None = None
+        self.audit: CanaryAudit | None = None  # privacy.audit: canaries in the central sum (fedray.privacy.audit)
+        if privacy.audit.enabled:
+            from fedray.privacy.audit import CanaryAudit
+
+            self.audit = CanaryAudit(config, noise_cohort_size(config) / self.population, self.delta)
         if privacy.enabled:
             try:
                 from fedray.privacy.accountant import CentralAccountant
@@ -334,6 +340,9 @@ class ServerUploadPath:
                 cohort = self.config.train.clients_per_round
                 std = central_noise_std(self.update_noise_multiplier, self.clip, cohort, noise_cohort_size(self.config))
                 noise = central_noise(self.config.seed, round, sums["weights"], std) if std > 0 else 0.0
+                if self.audit is not None:  # privacy.audit: the round's canaries join the clipped sum before the noise
+                    sums["weights"] = sums["weights"] + self.audit.canary_sum(round, self.clip, sums["weights"])
+                    row.update(self.audit.record(sums["weights"] + noise))  # the release, scored
                 sums["weights"] = cohort * reference + sums["weights"] + noise
                 sums["num_samples"] = torch.tensor(float(cohort), dtype=torch.float64)
             elif privacy.mechanism == "local":
@@ -349,6 +358,10 @@ class ServerUploadPath:
                 row["dp_clip"] = self.clip
                 self.clip = self._next_clip(round, norms)
             row.update(self._account(client_metrics))
+            if self.audit is not None and "audit_epsilon_lower_bound" in row and round == self.config.train.rounds:
+                from fedray.privacy.audit import summary_line
+
+                logger.info("%s", summary_line(row, privacy.audit.confidence))
         results = RoundResults(sums, payloads, client_metrics, results.num_clients, results.excluded_clients)
         return results, row
 
@@ -415,6 +428,7 @@ class ServerUploadPath:
             "participations": torch.from_numpy(self.participations.copy()),
             "noise_multiplier": self.noise_multiplier,
             "clip": self.clip,
+            **({"audit": self.audit.state_dict()} if self.audit is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -422,3 +436,5 @@ class ServerUploadPath:
         self.participations = state["participations"].numpy().astype(np.int64)
         self.noise_multiplier = state["noise_multiplier"]
         self.clip = float(state.get("clip", self.config.privacy.clip))  # checkpoints from before adaptive clipping
+        if self.audit is not None and "audit" in state:
+            self.audit.load_state_dict(state["audit"])
