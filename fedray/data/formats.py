@@ -804,9 +804,24 @@ def _table_sequences(
     cfg: DataConfig, tables: dict[str, Any], paths: dict[str, tuple[Path, str]]
 ) -> tuple[dict[str, np.ndarray], int | None]:
     """The sequence column of every split as left-padded int64 ``[N, T]`` token ids, and the
-    vocabulary size (text: its characters or the tokenizer's; integer lists: None, the largest id decides)."""
+    vocabulary size (text: its characters or the tokenizer's; integer lists: None, the largest id decides).
+
+    Without ``data.seq_len`` every row is padded to the longest, which is refused past
+    ``unset_bound`` tokens: one outlying row (a whole book in a column of sentences) would pad every
+    row to its length, N × its length × 8 bytes. The error names the longest row and its length."""
+    unset_bound = 4096  # tokens a row may have when data.seq_len is not set
     sequences, vocab_size = _encoded_sequences(cfg, tables, paths, end_of_row=False)
     longest = max(len(sequence) for split_sequences in sequences.values() for sequence in split_sequences)
+    if cfg.seq_len is None and longest > unset_bound:
+        split = next(split for split, rows in sequences.items() if any(len(row) == longest for row in rows))
+        row = next(index for index, sequence in enumerate(sequences[split]) if len(sequence) == longest)
+        raise ConfigError(
+            "data.seq_len",
+            f"not set, and row {row} of {paths[split][0]} has {longest} tokens: every row would be padded to that "
+            f"(more than {unset_bound} tokens is refused without data.seq_len); set data.seq_len to the length rows are "
+            "padded to (a longer row is an error), or shorten or drop that row",
+            within=None,
+        )
     seq_len = cfg.seq_len if cfg.seq_len is not None else longest
     padded = {}
     for split, split_sequences in sequences.items():
