@@ -9,7 +9,12 @@ ascending client id): each replaces the weighted mean, unweighted, as in the pap
   nearest others (Blanchard et al., NeurIPS 2017, Sec. 4; f = ``robust.krum_f``, needs n ≥ 2f + 3);
 - ``multi_krum``: the mean of the m updates with the smallest Krum scores (Blanchard et al., Sec. 5;
   m = ``robust.multi_krum_m``, default n − f). Scores are computed once over all n (Flower's
-  ``aggregate_krum`` does the same), not recomputed after each pick.
+  ``aggregate_krum`` does the same), not recomputed after each pick;
+- ``bulyan``: Bulyan (El Mhamdi et al., ICML 2018, "The Hidden Vulnerability of Distributed
+  Learning in Byzantium", Sec. 4): θ = n − 2f updates selected by Krum one at a time (each pick's
+  scores computed over the updates not yet picked, with the set's own size: :func:`bulyan_selection`), then per coordinate
+  the mean of the β = θ − 2f selected values closest to their median (f = ``robust.krum_f``, needs
+  n ≥ 4f + 3).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Literal
 
 import torch
 
-RobustRule = Literal["median", "trimmed_mean", "krum", "multi_krum"]
+RobustRule = Literal["median", "trimmed_mean", "krum", "multi_krum", "bulyan"]
 
 
 def coordinate_median(updates: torch.Tensor) -> torch.Tensor:
@@ -58,6 +63,38 @@ def multi_krum(updates: torch.Tensor, f: int, m: int | None = None) -> torch.Ten
     return updates[chosen].mean(dim=0)
 
 
+def bulyan_selection(updates: torch.Tensor, f: int) -> torch.Tensor:
+    """The indices (in the order picked) of Bulyan's θ = n − 2f rows: Krum applied again and again
+    to the rows not yet picked (a set of n' rows scores each row over its n' − f − 2 nearest others,
+    at least its nearest one: the last picks, from 2f + 1 rows, would otherwise all score 0), each
+    time taking the best-scored row (the first on ties)."""
+    n = updates.shape[0]
+    remaining = list(range(n))
+    picked = []
+    for _ in range(n - 2 * f):
+        rows = updates[remaining]
+        squared = torch.cdist(rows, rows).square()
+        squared.fill_diagonal_(float("inf"))
+        neighbours = max(len(remaining) - f - 2, 1)
+        scores = squared.sort(dim=1).values[:, :neighbours].sum(dim=1)
+        picked.append(remaining.pop(int(torch.argmin(scores))))
+    return torch.tensor(picked, dtype=torch.long)
+
+
+def bulyan(updates: torch.Tensor, f: int) -> torch.Tensor:
+    """Bulyan (module docstring) of ``updates [n, d]``: per coordinate, the mean of the β = n − 4f
+    values of the Krum-selected rows that are closest to their coordinate-wise median (the first
+    rows, in the order picked, on ties)."""
+    n = updates.shape[0]
+    if n < 4 * f + 3:
+        raise ValueError(f"bulyan with f={f} needs at least 4f + 3 = {4 * f + 3} updates, got {n}")
+    selected = updates[bulyan_selection(updates, f)]
+    beta = selected.shape[0] - 2 * f
+    distance = (selected - coordinate_median(selected)).abs()
+    closest = torch.argsort(distance, dim=0, stable=True)[:beta]
+    return selected.gather(0, closest).mean(dim=0)
+
+
 def robust_aggregate(rule: RobustRule, updates: torch.Tensor, trim_fraction: float, krum_f: int, multi_krum_m: int | None) -> torch.Tensor:
     """``rule`` applied to ``updates [n, d]`` with the ``robust.*`` parameters."""
     if rule == "median":
@@ -66,4 +103,6 @@ def robust_aggregate(rule: RobustRule, updates: torch.Tensor, trim_fraction: flo
         return trimmed_mean(updates, trim_fraction)
     if rule == "krum":
         return krum(updates, krum_f)
+    if rule == "bulyan":
+        return bulyan(updates, krum_f)
     return multi_krum(updates, krum_f, multi_krum_m)

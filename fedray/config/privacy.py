@@ -12,7 +12,10 @@ Learning with Adaptive Clipping", Alg. 1): γ (target quantile) → ``privacy.ta
 ``privacy.clipped_count_stddev``, C⁰ → ``privacy.clip``. The bounds of the other upload kinds (docs/guide/privacy.md,
 'Every upload kind'): prototypes and class representations → ``privacy.clip_prototypes``, logit knowledge →
 ``privacy.clip_logits``, per-class counts → ``privacy.clip_counts``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
-trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``.
+trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``, Bulyan's f (El Mhamdi et al., ICML 2018) →
+``robust.krum_f``; ALIE's z (Baruch et al., NeurIPS 2019) → ``robust.alie_z``; the backdoor's trigger, share of
+poisoned samples, target label and boost factor γ (Bagdasaryan et al., AISTATS 2020) → ``robust.trigger_size``,
+``robust.poison_fraction``, ``robust.target_class``, ``robust.boost``.
 """
 
 from __future__ import annotations
@@ -170,25 +173,54 @@ class PrivacyConfig(_Section):
 
 
 class RobustConfig(_Section):
-    """``robust``: a robust server rule for weighted-mean algorithms, and simulated attackers."""
+    """``robust``: a robust server rule for weighted-mean algorithms, and simulated attackers
+    (:mod:`fedray.aggregation.attacks`, :mod:`fedray.aggregation.robust`)."""
 
-    rule: Literal["none", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
+    rule: Literal["none", "median", "trimmed_mean", "krum", "multi_krum", "bulyan"] = Field(
         "none", description="none (the algorithm's weighted mean) or a rule over the clients' individual updates"
     )
     trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: β, the share cut at each end per coordinate")
-    krum_f: int = Field(1, ge=0, description="krum/multi_krum: f, the number of Byzantine clients tolerated")
+    krum_f: int = Field(1, ge=0, description="krum/multi_krum/bulyan: f, the number of Byzantine clients tolerated")
     multi_krum_m: int | None = Field(None, gt=0, description="multi_krum: updates averaged (None: cohort − f)")
-    malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of the population that attacks (seeded)")
-    attack: Literal["sign_flip", "scaled", "random"] = Field(
-        "sign_flip",
-        description="what a malicious client uploads instead of its update Δ: sign_flip −s·Δ, scaled s·Δ, random a "
-        "Gaussian vector of norm s·‖Δ‖ (s = attack_scale)",
+    attackers: Literal["fraction", "per_round"] = Field(
+        "fraction",
+        description="fraction: a seeded share malicious_fraction of the population attacks whenever sampled (a round's "
+        "count varies); per_round: exactly attackers_per_round of each round's cohort, drawn from (seed, round)",
     )
-    attack_scale: float = Field(4.0, gt=0, description="s of the attack")
+    malicious_fraction: float = Field(0.0, ge=0, le=1, description="attackers=fraction: share of the population that attacks (seeded)")
+    attackers_per_round: int | None = Field(None, ge=0, description="attackers=per_round: k, the attackers in every round's cohort")
+    attack: Literal["sign_flip", "scaled", "random", "alie", "label_flip", "backdoor"] = Field(
+        "sign_flip",
+        description="what a malicious client does: uploads instead of its update Δ sign_flip −s·Δ, scaled s·Δ, random a "
+        "Gaussian vector of norm s·‖Δ‖ (s = attack_scale), alie μ − z·σ of the benign updates (Baruch et al. 2019); or "
+        "trains on poisoned data: label_flip y → C−1−y (Tolpegin et al. 2020), backdoor a trigger relabelled "
+        "target_class (Bagdasaryan et al. 2020)",
+    )
+    attack_scale: float = Field(4.0, gt=0, description="s of sign_flip, scaled and random")
+    alie_z: float | None = Field(None, description="alie: z (None: the paper's z^max for the round's n clients and m attackers)")
+    trigger_size: int = Field(3, gt=0, description="backdoor: side of the white square stamped in the images' bottom-right corner")
+    poison_fraction: float = Field(0.5, gt=0, le=1, description="backdoor: share of a malicious client's samples poisoned")
+    target_class: int = Field(0, ge=0, description="backdoor: the label the triggered samples get")
+    boost: float = Field(
+        1.0, gt=0, description="label_flip/backdoor: b, the malicious update is b·Δ against the broadcast (model replacement)"
+    )
+
+    @property
+    def attacking(self) -> bool:
+        """Whether any client attacks (under either ``attackers`` mode)."""
+        if self.attackers == "per_round":
+            return bool(self.attackers_per_round)
+        return self.malicious_fraction > 0
+
+    @property
+    def collects_updates(self) -> bool:
+        """Whether the workers collect each client's update instead of summing them: a robust rule,
+        or ALIE (computed from the benign updates on the server)."""
+        return self.rule != "none" or (self.attack == "alie" and self.attacking)
 
     @property
     def enabled(self) -> bool:
-        return self.rule != "none" or self.malicious_fraction > 0
+        return self.rule != "none" or self.attacking
 
 
 def population_size(config: RunConfig) -> int:
@@ -260,10 +292,16 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
                 f"robust.rule={robust.rule} needs each client's update, and privacy.mechanism=central noises only their sum; "
                 "use privacy.mechanism=local with a robust rule"
             )
+    problems += robust_attack_problems(config)
     if robust.rule in ("krum", "multi_krum") and cohort < 2 * robust.krum_f + 3:
         problems.append(
             f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 2f + 3 "
             f"= {2 * robust.krum_f + 3} (got {cohort})"
+        )
+    if robust.rule == "bulyan" and cohort < 4 * robust.krum_f + 3:
+        problems.append(
+            f"robust.rule=bulyan with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 4f + 3 "
+            f"= {4 * robust.krum_f + 3} (got {cohort}; El Mhamdi et al. 2018)"
         )
     if robust.rule == "trimmed_mean" and robust.trim_fraction > 0 and math.floor(robust.trim_fraction * cohort) == 0:
         problems.append(
@@ -274,5 +312,40 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
     if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > cohort - robust.krum_f:
         problems.append(
             f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})"
+        )
+    return problems
+
+
+def robust_attack_problems(config: RunConfig) -> list[str]:
+    """Every problem (one line each) of the attackers' settings (``robust.attackers``,
+    ``robust.attack`` and their keys) with the rest of the config; those that need the data (a
+    backdoor on images) are :func:`fedray.aggregation.attacks.poisoning_problem`'s."""
+    robust, cohort = config.robust, config.train.clients_per_round
+    problems = []
+    if robust.attackers == "per_round":
+        if robust.attackers_per_round is None:
+            problems.append("robust.attackers=per_round needs robust.attackers_per_round (the attackers in every round's cohort)")
+        elif robust.attackers_per_round > cohort:
+            problems.append(f"robust.attackers_per_round ({robust.attackers_per_round}) must be <= train.clients_per_round ({cohort})")
+        if robust.malicious_fraction > 0:
+            problems.append("robust.malicious_fraction is for robust.attackers=fraction; per_round uses robust.attackers_per_round")
+        if config.systems.enabled and robust.attackers_per_round:
+            problems.append(
+                "robust.attackers=per_round draws its attackers from the round's seeded cohort, which systems.* replaces by "
+                "the clients that report; use robust.attackers=fraction with systems.enabled"
+            )
+    elif robust.attackers_per_round is not None:
+        problems.append("robust.attackers_per_round is for robust.attackers=per_round; fraction uses robust.malicious_fraction")
+    if robust.attack in ("label_flip", "backdoor") and config.data.task != "classification":
+        problems.append(f"robust.attack={robust.attack} poisons class labels: it needs data.task=classification (got {config.data.task})")
+    if robust.boost != 1 and robust.attack not in ("label_flip", "backdoor"):
+        problems.append(
+            f"robust.boost scales the update of a data-poisoning attack (label_flip, backdoor); robust.attack={robust.attack} "
+            "has robust.attack_scale (or none)"
+        )
+    if robust.attack == "alie" and robust.attacking and config.privacy.enabled:
+        problems.append(
+            "robust.attack=alie is computed on the server from the benign updates as received; it is not simulated under "
+            "privacy.mechanism (the attackers' uploads would bypass the clients' clipping and noise)"
         )
     return problems

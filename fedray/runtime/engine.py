@@ -191,6 +191,9 @@ class RoundEngine:
         shards = self.pool.call_each("evaluate_global", [(round, broadcast, i, num_workers) for i in range(num_workers)])
         total = functools.reduce(add_sums, shards, {})
         metrics = {f"test_{name}": value for name, value in self.algorithm.task.metrics(total).items()}
+        if self.config.robust.attack == "backdoor":  # the share of triggered non-target test samples classified as the target
+            shards = self.pool.call_each("evaluate_backdoor", [(round, broadcast, i, num_workers) for i in range(num_workers)])
+            metrics["attack_success_rate"] = self.algorithm.task.metrics(functools.reduce(add_sums, shards, {}))["accuracy"]
         if self.config.eval.personalized:
             metrics.update(self._evaluate_personalized(round, broadcast))
         return metrics

@@ -14,7 +14,15 @@ own ``sums["weights"] / sums["num_samples"]`` (and any server optimizer after it
   update norms, and the sum's noise multiplier is z_Δ (:mod:`fedray.privacy.mechanisms`);
 - local DP: w + Σ_k (clip(Δ_k) + N(0, (z·C)²)) / k over the k aggregated clients;
 - a robust rule: w + rule([Δ_k]) over the clients' individual deltas, which the workers then collect as
-  ``payload`` instead of summing them.
+  ``payload`` instead of summing them;
+- ``robust.attack: alie`` (Baruch et al., NeurIPS 2019): the deltas are collected as under a rule (with
+  each client's sample count when there is none), and the server replaces the malicious clients'
+  (``metrics["malicious"]``) by μ − z·σ of the benign ones before the rule or the weighted mean
+  Σ_k n_k·Δ_k / Σ_k n_k (:func:`fedray.aggregation.attacks.alie_updates`).
+
+The data-poisoning attacks (``label_flip``, ``backdoor``) act before training: the worker gives a
+malicious client poisoned data (:meth:`ClientUploadPath.poisoned_data`), and its update here is
+scaled by ``robust.boost`` when that is not 1.
 
 Under privacy every other upload a client makes (prototypes, class representations, logit knowledge,
 per-class counts: :func:`~fedray.algorithms.uploads.private_parts`) is clipped on the worker, each
@@ -52,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedray.aggregation.attacks import attacked_delta, malicious_clients
+from fedray.aggregation.attacks import MODEL_ATTACKS, Attackers, alie_updates, alie_z, attacked_delta, poisoned_data
 from fedray.aggregation.robust import robust_aggregate
 from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
 from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, undeclared_keys
@@ -78,8 +86,10 @@ if TYPE_CHECKING:  # dp-accounting is the optional extra `privacy`: imported onl
 
 logger = logging.getLogger(__name__)
 
-#: The payload key under which a client's delta travels when a robust rule needs it alone.
+#: The payload key under which a client's delta travels when a robust rule (or ALIE) needs it alone.
 ROBUST_UPDATE = "robust_update"
+#: The payload key of a client's weight (its number of samples) when its delta is collected for ALIE without a robust rule.
+ROBUST_WEIGHT = "robust_num_samples"
 #: The broadcast key of the round's clip bound C under ``privacy.clipping: adaptive`` (float64 scalar).
 ADAPTIVE_CLIP = "dp_clip"
 #: derive_seed stream of the order in which per-client parts reach ``aggregate`` under central DP
@@ -105,7 +115,8 @@ class ClientUploadPath:
     def __init__(self, config: RunConfig, algorithm: Algorithm, num_clients: int) -> None:
         self.config = config
         self.algorithm_class = type(algorithm)
-        self.malicious = malicious_clients(config.seed, num_clients, config.robust.malicious_fraction)
+        self.attackers = Attackers(config, num_clients)
+        self.num_classes = algorithm.info.num_classes
         self.compression = UploadCompression.for_run(config)  # None: systems.compression off
         self.warned_uncompressed = False
         #: payload keys holding a client's own model weights, compressed as their update (FedSKC outside gda_mode=fedavg)
@@ -118,6 +129,14 @@ class ClientUploadPath:
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm, num_clients: int) -> "ClientUploadPath | None":
         return cls(config, algorithm, num_clients) if upload_path_enabled(config) or compression_enabled(config) else None
+
+    def poisoned_data(self, round: int, client_id: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's training data ``x``, ``y`` as it trains on them: poisoned when it is malicious
+        in ``round`` under a data-poisoning ``robust.attack`` (label_flip, backdoor), else as given."""
+        robust = self.config.robust
+        if robust.attack not in ("label_flip", "backdoor") or not robust.attacking or not self.attackers.is_malicious(round, client_id):
+            return x, y
+        return poisoned_data(self.config, self.num_classes, round, client_id, x, y)
 
     @property
     def keeps_residuals(self) -> bool:
@@ -140,9 +159,12 @@ class ClientUploadPath:
         reference = broadcast["weights"].to(num_samples.device, torch.float64)
         delta = update.sums["weights"].double() / num_samples - reference
         metrics = dict(update.metrics)
-        is_malicious = bool(self.malicious[client_id])
+        is_malicious = robust.attacking and self.attackers.is_malicious(round, client_id)
         if is_malicious:
-            delta = attacked_delta(delta, robust.attack, robust.attack_scale, seed, round, client_id)
+            if robust.attack in MODEL_ATTACKS:
+                delta = attacked_delta(delta, robust.attack, robust.attack_scale, seed, round, client_id)
+            elif robust.boost != 1:  # a data-poisoning attacker's boosted update (model replacement); alie: on the server
+                delta = robust.boost * delta
             metrics["malicious"] = 1.0
         clip = float(broadcast[ADAPTIVE_CLIP]) if privacy.clipping == "adaptive" else privacy.clip  # the round's C
         if privacy.enabled:
@@ -158,9 +180,11 @@ class ClientUploadPath:
             if privacy.mechanism == "central":
                 delta, _ = clip_to_norm(delta, clip)
         sums, payload = dict(update.sums), dict(update.payload)
-        if robust.rule != "none":
+        if robust.collects_updates:
             del sums["weights"], sums["num_samples"]
             payload[ROBUST_UPDATE] = delta
+            if robust.rule == "none":  # ALIE before the weighted mean, which the server then computes
+                payload[ROBUST_WEIGHT] = num_samples.to(torch.float64)
         elif privacy.enabled:
             sums["weights"], sums["num_samples"] = delta, torch.ones_like(num_samples, dtype=torch.float64)
         elif is_malicious or self.compression is not None:  # the plain weighted mean: the client's weight is kept
@@ -285,8 +309,12 @@ class ServerUploadPath:
                 noise_cohort_size(config),
                 self.population,
             )
-        if config.robust.rule != "none":
-            logger.info("robust.rule=%s: the workers collect each client's update instead of summing them", config.robust.rule)
+        if config.robust.collects_updates:
+            logger.info(
+                "robust.rule=%s, robust.attack=%s: the workers collect each client's update instead of summing them",
+                config.robust.rule,
+                config.robust.attack if config.robust.attacking else "(no attackers)",
+            )
 
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm) -> "ServerUploadPath | None":
@@ -327,14 +355,21 @@ class ServerUploadPath:
         privacy, robust = self.config.privacy, self.config.robust
         sums, payloads, client_metrics = dict(results.sums), results.payloads, results.client_metrics
         row: dict[str, float] = {}
-        if robust.malicious_fraction > 0:
+        if robust.attacking:
             row["malicious_clients"] = float(sum(m.get("malicious", 0.0) for m in client_metrics.values()))
         if results.num_clients > 0:
             reference = reference.to(torch.float64)
-            if robust.rule != "none":
-                updates = torch.stack([payload.pop(ROBUST_UPDATE).to(torch.float64) for payload in payloads.values()])
+            if robust.collects_updates:
+                clients = list(payloads)
+                updates = torch.stack([payloads[cid].pop(ROBUST_UPDATE).to(torch.float64) for cid in clients])
+                if robust.attack == "alie" and robust.attacking:
+                    updates, row["alie_z"] = self._alie(updates, [client_metrics[cid].get("malicious", 0.0) > 0 for cid in clients])
+                if robust.rule == "none":  # ALIE under the weighted mean: Σ n_k·Δ_k / Σ n_k
+                    weights = torch.stack([payloads[cid].pop(ROBUST_WEIGHT).to(updates.device, torch.float64) for cid in clients])
+                    aggregate = (weights[:, None] * updates).sum(dim=0) / weights.sum()
+                else:
+                    aggregate = robust_aggregate(robust.rule, updates, robust.trim_fraction, robust.krum_f, robust.multi_krum_m)
                 payloads = {cid: payload for cid, payload in payloads.items() if payload}
-                aggregate = robust_aggregate(robust.rule, updates, robust.trim_fraction, robust.krum_f, robust.multi_krum_m)
                 sums["weights"], sums["num_samples"] = reference + aggregate, torch.tensor(1.0, dtype=torch.float64)
             elif privacy.mechanism == "central":
                 cohort = self.config.train.clients_per_round
@@ -364,6 +399,16 @@ class ServerUploadPath:
                 logger.info("%s", summary_line(row, privacy.audit.confidence))
         results = RoundResults(sums, payloads, client_metrics, results.num_clients, results.excluded_clients)
         return results, row
+
+    def _alie(self, updates: torch.Tensor, malicious: list[bool]) -> tuple[torch.Tensor, float]:
+        """ALIE (:func:`fedray.aggregation.attacks.alie_updates`): the malicious rows of ``updates``
+        replaced by μ − z·σ of the benign ones, and the z used (nan in a round without attackers)."""
+        mask = torch.tensor(malicious, dtype=torch.bool, device=updates.device)
+        m = int(mask.sum())
+        if m == 0:
+            return updates, float("nan")
+        z = self.config.robust.alie_z if self.config.robust.alie_z is not None else alie_z(updates.shape[0], m)
+        return alie_updates(updates, mask, z), z
 
     def _noise_parts(self, round: int, sums: dict[str, Any], payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """Central DP on the parts other than the weights (module docstring): noise on each summed

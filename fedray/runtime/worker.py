@@ -34,7 +34,8 @@ from fedray.algorithms.vectorized import (
     refusal,
     train_group,
 )
-from fedray.config import RunConfig
+from fedray.aggregation.attacks import backdoor_test_set, poisoning_problem
+from fedray.config import ConfigError, RunConfig
 from fedray.data import FederatedDataset, get_augmentation
 from fedray.models import FedModel
 from fedray.runtime.errors import first_line
@@ -57,6 +58,9 @@ def build_algorithm(config: RunConfig, data: FederatedDataset) -> Algorithm:
     the algorithm, the config or the model (built on the meta device: shapes and module types only)
     cannot be vectorised, so that :func:`fedray.runtime.experiment.prepare_data` refuses the run before Ray."""
     algorithm = get_algorithm_class(config.algorithm.name)(config, data.info)
+    poisoning = poisoning_problem(config, data.info)  # robust.attack=backdoor on data without images, ...
+    if poisoning is not None:
+        raise ConfigError(None, poisoning)
     if config.train.vectorize == "on":
         check_vectorizable(config, algorithm, _model_shapes(algorithm))
     return algorithm
@@ -193,6 +197,9 @@ class ClientWorker:
         cfg = self.config
         state, residual = split_client_state(self.state_store.load(client_id, state_version, self.device))
         train_index = torch.as_tensor(self.data.clients.client(client_id), device=self.device)
+        x, y = self.x_train[train_index], self.y_train[train_index]
+        if self.upload_path is not None:  # robust.attack label_flip/backdoor: a malicious client trains on poisoned data
+            x, y = self.upload_path.poisoned_data(round, client_id, x, y)
         x_test = y_test = None
         if self.data.client_test is not None:
             test_index = torch.as_tensor(self.data.client_test.client(client_id), device=self.device)
@@ -201,8 +208,8 @@ class ClientWorker:
             client_id=client_id,
             round=round,
             model=self.model_for(client_id),
-            x=self.x_train[train_index],
-            y=self.y_train[train_index],
+            x=x,
+            y=y,
             info=self.data.info,
             train=cfg.train,
             lr=cfg.train.lr * cfg.train.lr_decay ** (round - 1),
@@ -342,6 +349,14 @@ class ClientWorker:
             self.x_test[shard::num_shards],
             self.y_test[shard::num_shards],
         )
+
+    def evaluate_backdoor(self, round: int, broadcast: dict[str, Any], shard: int, num_shards: int) -> dict[str, float]:
+        """:meth:`evaluate_global` on the triggered test set of ``robust.attack: backdoor``
+        (:func:`fedray.aggregation.attacks.backdoor_test_set`), whose accuracy is the attack success rate."""
+        robust = self.config.robust
+        x, y = backdoor_test_set(self.x_test[shard::num_shards], self.y_test[shard::num_shards], robust.trigger_size, robust.target_class)
+        model = self.model_for(None)
+        return call_algorithm(self.algorithm, "evaluate_global", round, None, model, tensors_to(broadcast, self.device), x, y)
 
     def evaluate_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> dict[int, dict[str, float]]:
         """Evaluation sums of each client's personalised model on its held-out split."""
