@@ -14,6 +14,12 @@ dashboard and job server on 127.0.0.1. Its workers import the actors' module as 
 booted between runs (:meth:`LocalService.keep_warm`): a run's actors then start in a process that
 has torch and fedray imported already.
 
+Every server of the head listens on 127.0.0.1 only (:func:`head_environment`): Ray 2.60 on Linux
+replaces ``--node-ip-address 127.0.0.1`` by the machine's address, and binds its GCS, raylet,
+agents and client server to all interfaces, unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the
+setting that keeps a Mac's or Windows' Ray on the loopback), which the head and every process that
+joins it (:func:`connect_environment`) are given.
+
 What it started is recorded in ``service.json`` in the service directory (``$FEDRAY_SERVICE_DIR``,
 default ``~/.fedray/service``): the pids (with their start times, so a reused pid is never taken
 for them) of the ``fedray up`` process and of the ``ray start`` process every Ray process of the
@@ -64,6 +70,9 @@ STOP_TIMEOUT_S = 60.0  # for the service to stop its head after SIGTERM, before 
 WARM_KEEP_ALIVE_S = 24 * 3600  # the raylet does not kill a pre-started idle worker before this
 REFILL_PAUSE_S = 5.0  # after asking for warm workers: they are not counted before the raylet has forked them
 _RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # the raylet's children that are not workers
+# Ray 2.60 on Linux replaces a node address of 127.0.0.1 by the machine's, and binds its servers to all
+# interfaces, unless this is off (ray._private.ray_constants.ENABLE_RAY_CLUSTER; services.get_node_ip_address)
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def service_dir() -> Path:
@@ -130,16 +139,21 @@ def _stderr_line(line: str) -> None:
 
 def connect_environment(state: ServiceState) -> None:
     """Make this process's Ray client send the service's token: ``RAY_AUTH_MODE=token`` and
-    ``RAY_AUTH_TOKEN`` (which Ray reads before any token file). Ray reads both into its config when
-    it is imported; if it already is, its config and token cache are reloaded, as Ray itself does
-    when it turns token authentication on for a new local instance."""
+    ``RAY_AUTH_TOKEN`` (which Ray reads before any token file), and take the head's 127.0.0.1 for
+    this node's address (:data:`LOOPBACK_ONLY`; otherwise Ray would look for the GCS and a raylet at
+    the machine's address, where the head does not listen). Ray reads these into its config when it
+    is imported; if it already is, its config and token cache are reloaded, as Ray itself does when
+    it turns token authentication on for a new local instance, and its loopback setting is set."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = state.token()
+    os.environ.update(LOOPBACK_ONLY)
     if "ray" in sys.modules:
+        from ray._private import ray_constants
         from ray._raylet import AuthenticationTokenLoader, Config
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _announce(address: str) -> None:
@@ -253,8 +267,7 @@ class LocalService:
         ]
         for flag in RAY_HEAD_PORT_FLAGS + RAY_NODE_PORT_FLAGS:
             command += [flag, str(self.node_manager_port if flag == "--node-manager-port" else free_port())]
-        env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+        env = head_environment(token_file)
         with open(self.directory / HEAD_LOG, "w") as log:
             self.head = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -376,6 +389,17 @@ def _head_system_config(num_cpus: int, warm_workers: int) -> dict[str, Any]:
     from fedray.runtime.ray_start import worker_system_config
 
     return worker_system_config(max(num_cpus, warm_workers) + 1)
+
+
+def head_environment(token_file: Path) -> dict[str, str]:
+    """The environment of the service's ``ray start`` (and so of every process of its head): this
+    process's without a Ray address or token, token authentication with the service's token file,
+    :data:`LOOPBACK_ONLY`, and free ports for the autoscaler's and the dashboard's metrics, which Ray
+    otherwise puts on fixed ports (44217, 44227) that another Ray may hold."""
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), **LOOPBACK_ONLY)
+    env.update(AUTOSCALER_METRIC_PORT=str(free_port()), DASHBOARD_METRIC_PORT=str(free_port()))
+    return env
 
 
 def worker_processes(head_pid: int) -> dict[str, int]:
