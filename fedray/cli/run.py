@@ -6,7 +6,7 @@ import argparse
 import os
 import time
 
-from fedray.config import ConfigError, load_config_sections, saved_config_path
+from fedray.config import ConfigError, load_config_sections, read_yaml, saved_config_path
 from fedray.runtime.resume import check_unfinished
 
 _IMPORTED = time.monotonic()
@@ -162,7 +162,14 @@ def privacy_lines(summary) -> list[str]:
     epsilon = summary.final_metrics.get("dp_epsilon")
     if summary.dp_delta is None or epsilon is None:
         return []
-    return [f"privacy            ε = {epsilon:.4g}, δ = {summary.dp_delta:.3g}"]
+    lines = [f"privacy            ε = {epsilon:.4g}, δ = {summary.dp_delta:.3g}"]
+    if "audit_epsilon_lower_bound" in summary.final_metrics:  # privacy.audit: the empirical bound beside the accountant's ε
+        from fedray.privacy.audit import summary_line
+
+        saved = read_yaml(saved_config_path(summary.run_dir))
+        confidence = ((saved.get("privacy") or {}).get("audit") or {}).get("confidence", 0.95)
+        lines.append(f"                   {summary_line(summary.final_metrics, confidence)}")
+    return lines
 
 
 def format_seconds(seconds: float) -> str:
