@@ -78,3 +78,14 @@ def test_a_run_in_which_no_client_is_ever_online_ends_with_a_warning_and_says_so
     assert (
         "                   no client update was ever aggregated: the model is the initial one (see the warning above)\n" in result.stdout
     )
+
+
+def test_an_audited_run_prints_its_lower_bound_beside_the_accountants_epsilon(tmp_path):
+    overrides = [key for key in SYSTEMS_RUN if not key.startswith("systems.")]
+    audit = ["privacy.mechanism=central", "privacy.noise_multiplier=1.0", "privacy.audit.canaries=200"]
+    result, run_dir = fedray_run(tmp_path, [*overrides, *audit])
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = read_metrics(run_dir)[-1]
+    line = next(line for line in result.stdout.splitlines() if "privacy audit:" in line)
+    assert f"ε ≥ {last['audit_epsilon_lower_bound']:.3g} with 95% confidence" in line
+    assert f"the accountant's ε = {last['dp_epsilon']:.4g}" in line
