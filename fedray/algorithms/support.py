@@ -36,6 +36,7 @@ import argparse
 import functools
 import logging
 import sys
+import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal
@@ -140,68 +141,95 @@ class Feature:
 
 _SYSTEMS = "systems.enabled=true"
 _DP_COMPLETIONS = ("privacy.clip_prototypes=1.0", "privacy.clip_logits=1.0", "privacy.clip_counts=1.0")
-_ROBUST_COHORT = "train.clients_per_round=5"  # Krum's 2f + 3 with f = 1; the same cohort for every rule
+_ROBUST_COHORT = "train.clients_per_round=7"  # Bulyan's 4f + 3 with f = 1 (Krum's 2f + 3): the same cohort for every rule
+
+#: Column headings (the rest are the names themselves) and the keys a rule needs beyond ``robust.rule``
+#: to act on that cohort (a trimmed mean cuts ⌊β·7⌋ = 1 update at each end).
+_HEADERS = {"classification": "cls", "regression": "reg", "multilabel": "mlab", "language_modeling": "lm"}
+_HEADERS |= {"median": "med", "trimmed_mean": "trim", "multi_krum": "mkrum"}
+_RULE_KEYS = {"trimmed_mean": ("robust.trim_fraction=0.2",)}
+_METHOD_TITLES = {"int8": "int8 (QSGD)", "topk": "top-k (1 %)"}
 
 
 def _compression(method: str, *extra: str) -> tuple[str, ...]:
     return (_SYSTEMS, f"systems.compression.method={method}", *extra)
 
 
+def _choices(model: type, field_name: str) -> tuple[str, ...]:
+    """The values a ``Literal`` config field allows but ``none``: the built-in methods, rules..."""
+    return tuple(value for value in typing.get_args(model.model_fields[field_name].annotation) if value != "none")
+
+
+def _columns() -> tuple[Feature, ...]:
+    """One column per built-in task, compression method (and top-k with error feedback) and robust rule,
+    as the schema and :data:`fedray.tasks.TASKS` list them, and the other features."""
+    from fedray.config.privacy import RobustConfig
+    from fedray.config.schema import CompressionConfig
+    from fedray.tasks import TASKS
+
+    tasks = [Feature(task, _HEADERS.get(task, task), f"data.task: {task}", task=task) for task in TASKS]
+    compression = [
+        Feature(
+            method, method, f"compression: {_METHOD_TITLES.get(method, method)}", _compression(method), deviation=_compression_deviation
+        )
+        for method in _choices(CompressionConfig, "method")
+    ]
+    compression.append(
+        Feature(
+            "topk_ef",
+            "topk+ef",
+            "compression: top-k with error feedback",
+            _compression("topk", "systems.compression.error_feedback=true"),
+            deviation=_compression_deviation,
+        )
+    )
+    rules = [
+        Feature(rule, _HEADERS.get(rule, rule), f"robust.rule: {rule}", (f"robust.rule={rule}", *_RULE_KEYS.get(rule, ()), _ROBUST_COHORT))
+        for rule in _choices(RobustConfig, "rule")
+    ]
+    return (
+        *tasks,
+        Feature("systems", "sys", "systems model (device speeds, simulated clock, bytes)", (_SYSTEMS,)),
+        Feature("async", "async", "train.mode: async (FedBuff)", (_SYSTEMS, "train.mode=async", "systems.fedbuff.buffer_size=2")),
+        *compression,
+        Feature(
+            "central_dp",
+            "cdp",
+            "central DP (DP-FedAvg)",
+            ("privacy.mechanism=central", "privacy.noise_multiplier=1.0"),
+            completions=(*_DP_COMPLETIONS, "privacy.sampling=fixed_size"),
+            deviation=_privacy_deviation,
+        ),
+        Feature(
+            "local_dp",
+            "ldp",
+            "local DP",
+            ("privacy.mechanism=local", "privacy.noise_multiplier=1.0"),
+            completions=_DP_COMPLETIONS,
+            deviation=_privacy_deviation,
+        ),
+        *rules,
+        Feature("attackers", "atk", "attackers (robust.malicious_fraction)", ("robust.malicious_fraction=0.3", _ROBUST_COHORT)),
+        Feature(
+            "personalised",
+            "pers",
+            "personalised evaluation (eval.personalized)",
+            ("data.client_test_fraction=0.25", "eval.personalized=true"),
+            deviation=_personal_evaluation_deviation,
+            note=_personal_evaluation_note,
+        ),
+        Feature(
+            "s3_state",
+            "s3",
+            "client state on S3 (output.client_state_dir)",
+            (f"output.client_state_dir={STATE_URI}",),
+            deviation=_client_state_deviation,
+        ),
+    )
+
+
 #: The columns, in order.
-FEATURES: tuple[Feature, ...] = (
-    Feature("classification", "cls", "data.task: classification", task="classification"),
-    Feature("regression", "reg", "data.task: regression", task="regression"),
-    Feature("multilabel", "mlab", "data.task: multilabel", task="multilabel"),
-    Feature("language_modeling", "lm", "data.task: language_modeling", task="language_modeling"),
-    Feature("systems", "sys", "systems model (device speeds, simulated clock, bytes)", (_SYSTEMS,)),
-    Feature("async", "async", "train.mode: async (FedBuff)", (_SYSTEMS, "train.mode=async", "systems.fedbuff.buffer_size=2")),
-    Feature("fp16", "fp16", "compression: fp16", _compression("fp16"), deviation=_compression_deviation),
-    Feature("int8", "int8", "compression: int8 (QSGD)", _compression("int8"), deviation=_compression_deviation),
-    Feature("topk", "topk", "compression: top-k (1 %)", _compression("topk"), deviation=_compression_deviation),
-    Feature(
-        "topk_ef",
-        "topk+ef",
-        "compression: top-k with error feedback",
-        _compression("topk", "systems.compression.error_feedback=true"),
-        deviation=_compression_deviation,
-    ),
-    Feature(
-        "central_dp",
-        "cdp",
-        "central DP (DP-FedAvg)",
-        ("privacy.mechanism=central", "privacy.noise_multiplier=1.0"),
-        completions=(*_DP_COMPLETIONS, "privacy.sampling=fixed_size"),
-        deviation=_privacy_deviation,
-    ),
-    Feature(
-        "local_dp",
-        "ldp",
-        "local DP",
-        ("privacy.mechanism=local", "privacy.noise_multiplier=1.0"),
-        completions=_DP_COMPLETIONS,
-        deviation=_privacy_deviation,
-    ),
-    Feature("median", "med", "robust.rule: median", ("robust.rule=median", _ROBUST_COHORT)),
-    Feature("trimmed_mean", "trim", "robust.rule: trimmed_mean", ("robust.rule=trimmed_mean", "robust.trim_fraction=0.2", _ROBUST_COHORT)),
-    Feature("krum", "krum", "robust.rule: krum", ("robust.rule=krum", _ROBUST_COHORT)),
-    Feature("multi_krum", "mkrum", "robust.rule: multi_krum", ("robust.rule=multi_krum", _ROBUST_COHORT)),
-    Feature("attackers", "atk", "attackers (robust.malicious_fraction)", ("robust.malicious_fraction=0.3", _ROBUST_COHORT)),
-    Feature(
-        "personalised",
-        "pers",
-        "personalised evaluation (eval.personalized)",
-        ("data.client_test_fraction=0.25", "eval.personalized=true"),
-        deviation=_personal_evaluation_deviation,
-        note=_personal_evaluation_note,
-    ),
-    Feature(
-        "s3_state",
-        "s3",
-        "client state on S3 (output.client_state_dir)",
-        (f"output.client_state_dir={STATE_URI}",),
-        deviation=_client_state_deviation,
-    ),
-)
+FEATURES: tuple[Feature, ...] = _columns()
 FEATURE_KEYS = {feature.key: feature for feature in FEATURES}
 
 

@@ -23,7 +23,7 @@ import pytest
 import fedray
 from e2e_helpers import final_weights
 from fedray.algorithms import ALGORITHMS
-from fedray.algorithms.support import DEVIATES, REFUSED, SUPPORTED, Cell, support_matrix
+from fedray.algorithms.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell, support_matrix
 from fedray.tracking import read_metrics
 from preloaded_cli import RAY_STARTED, run_fedray_preloaded
 
@@ -40,7 +40,7 @@ REPRESENTATIVE = [
     ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
     ("hetero_ssfl", "personalised"),
 ]
-RULES = ["median", "trimmed_mean", "krum", "multi_krum"]
+RULES = [feature.key for feature in FEATURES if any(key.startswith("robust.rule=") for key in feature.overrides)]
 #: Self-supervised algorithms with BYOL's 4096-wide heads and a linear probe at each evaluation, and
 #: Hetero-SSFL's per-client probes: seconds to tens of seconds a run, so their supported cells run once
 HEAVY = ("fedavg_byol", "fedema", "fedu", "hetero_ssfl")
@@ -137,7 +137,8 @@ def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, sy
     elif key == "async":
         assert row["staleness_mean"] >= 0 and row["aggregated"] >= 1
     elif key in RULES:
-        assert row["clients"] == 5 and len(clients) == 5
+        cohort = int(next(k for k in cell.overrides[::-1] if k.startswith("train.clients_per_round=")).partition("=")[2])
+        assert row["clients"] == cohort and len(clients) == cohort
     else:
         raise AssertionError(f"no check for {key}")
 
@@ -153,8 +154,8 @@ def test_a_cell_does_what_the_matrix_says(name, key, matrix, systems_runs, tmp_p
 
 
 def test_each_robust_rule_changes_the_aggregate(matrix, tmp_path):
-    """The four rules on FedAvg's cohort of 5 (the trimmed mean cutting one update at each end): each
-    aggregate differs from the plain mean's and from the others'."""
+    """Every rule on FedAvg's cohort (the trimmed mean cutting one update at each end): each aggregate
+    differs from the plain mean's and from the others'."""
     losses = {}
     for rule in ["none", *RULES]:
         overrides = matrix.cell("fedavg", "median").overrides if rule == "none" else matrix.cell("fedavg", rule).overrides
