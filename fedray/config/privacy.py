@@ -220,7 +220,9 @@ class RobustConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return self.rule != "none" or self.attacking
+        """A rule, attackers, or ``attack: backdoor`` (whose attack_success_rate a run without attackers
+        reports too, its baseline): the section is then saved with the run's config."""
+        return self.rule != "none" or self.attacking or self.attack == "backdoor"
 
 
 def population_size(config: RunConfig) -> int:

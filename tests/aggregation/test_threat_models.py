@@ -258,3 +258,16 @@ def test_per_round_runs_have_k_attackers_every_round_fraction_runs_vary(tmp_path
     mask = malicious_clients(fraction.config.seed, 10, 0.2)
     expected = [float(mask[sample_cohort(fraction.config.seed, r, 10, 5)].sum()) for r in range(1, 6)]
     assert [row["malicious_clients"] for row in fraction.rows] == expected
+
+
+def test_a_backdoor_without_attackers_trains_exactly_as_robust_off_and_reports_its_baseline(tmp_path):
+    """``attack: backdoor`` with no attackers measures attack_success_rate (the trigger's rate on a
+    clean model) and changes nothing else: the weights are bit-identical to a run without ``robust``,
+    and the saved config keeps the section (a resumed run measures it too)."""
+    off = Federation(tmp_path / "off", ["train.lr=0.1"]).run(2)
+    clean = Federation(tmp_path / "clean", ["train.lr=0.1", "robust.attack=backdoor"]).run(2)
+    assert torch.equal(off.state["weights"], clean.state["weights"])
+    assert [row["test_accuracy"] for row in off.rows] == [row["test_accuracy"] for row in clean.rows]
+    assert all(0.0 <= row["attack_success_rate"] <= 1.0 for row in clean.rows)
+    assert "attack_success_rate" not in off.rows[-1] and "robust" not in off.config.to_dict()
+    assert clean.config.to_dict()["robust"]["attack"] == "backdoor"
