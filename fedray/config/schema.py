@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from fedray.config.privacy import PrivacyConfig, RobustConfig, check_privacy_and_robust
+from fedray.config.references import is_reference
 
 DATASETS = (
     "digits",
@@ -178,8 +179,6 @@ class DataConfig(Section):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        from fedray.config.references import is_reference  # the references module imports this one
-
         if task not in TASKS and not is_reference(task):
             raise ValueError(f"Input should be {', '.join(repr(known) for known in TASKS)} or package.module:Name (your own task)")
         return task
@@ -187,8 +186,6 @@ class DataConfig(Section):
     @field_validator("name")
     @classmethod
     def _built_in_or_reference(cls, name: str) -> str:
-        from fedray.config.references import is_reference  # the references module imports this one
-
         if name not in DATASETS and not is_reference(name):
             allowed = ", ".join(repr(known) for known in DATASETS)
             raise ValueError(f"Input should be {allowed} or package.module:Name (your own data)")
@@ -254,8 +251,6 @@ class ModelConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, name: str) -> str:
-        from fedray.config.references import is_reference  # the references module imports this one
-
         if name.startswith(HF_PREFIX):  # Ray actors run elsewhere than the caller's directory: pin a relative path to it
             directory = Path(name.removeprefix(HF_PREFIX)).expanduser()
             return HF_PREFIX + str(directory.absolute()) if directory.exists() else name
@@ -274,8 +269,6 @@ class ModelConfig(Section):
     @field_validator("kwargs", "classifier")
     @classmethod
     def _only_for_external_models(cls, value: Any, info: ValidationInfo) -> Any:
-        from fedray.config.references import is_reference
-
         name = info.data.get("name", "")
         if value and not is_reference(name):
             raise ValueError(f"applies to torchvision:NAME and package.module:Name models, not the built-in {name!r}")
@@ -618,13 +611,16 @@ class RunConfig(Section):
         return self.model_dump(mode="json", exclude=off)
 
 
-#: Keys added with tasks and pretrained models: left out of a saved config while at their defaults, so
-#: that a classification run saves and checkpoints exactly the config it did before they existed.
+#: Keys added with tasks, pretrained models, vectorised training, replay, the privacy audit and the
+#: attack presets: left out of a saved config while at their defaults, so that a run that uses none of
+#: them saves and checkpoints exactly the config it did before they existed.
 _KEYS_SAVED_WHEN_SET = {
     "data": ("task", "target_columns", "stride", "tokenizer", "missing"),
     "train": ("loss", "huber_delta", "vectorize"),
     "resources": ("vectorize_group",),
     "output": ("record_update_hashes",),
+    "privacy": ("audit",),
+    "robust": ("attackers", "attackers_per_round", "alie_z", "trigger_size", "poison_fraction", "target_class", "boost"),
     "model": ("init_strict", "freeze", "adapters"),
 }
 
