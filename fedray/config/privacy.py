@@ -21,12 +21,9 @@ poisoned samples, target label and boost factor γ (Bagdasaryan et al., AISTATS 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    from fedray.config.schema import RunConfig
 
 
 class _Section(BaseModel):
@@ -223,6 +220,30 @@ class RobustConfig(_Section):
         """A rule, attackers, or ``attack: backdoor`` (whose attack_success_rate a run without attackers
         reports too, its baseline): the section is then saved with the run's config."""
         return self.rule != "none" or self.attacking or self.attack == "backdoor"
+
+
+class _Data(Protocol):
+    num_clients: int
+    task: str
+
+
+class _Train(Protocol):
+    clients_per_round: int
+
+
+class _Systems(Protocol):
+    enabled: bool
+
+
+class RunConfig(Protocol):
+    """The run config as the functions below read it: the fields they use of
+    :class:`fedray.config.schema.RunConfig`, which imports this module (so it is not imported here)."""
+
+    data: _Data
+    train: _Train
+    systems: _Systems
+    privacy: PrivacyConfig
+    robust: RobustConfig
 
 
 def population_size(config: RunConfig) -> int:

@@ -2,7 +2,7 @@
 
 Importing a reference is the only thing this module does; what the object must be (an ``Algorithm``
 subclass, a ``Callback`` subclass) is checked by the package that uses it. Every failure is a
-:class:`~fedray.config.loader.ConfigError` naming the config key, so it fails before Ray starts.
+:class:`~fedray.config.errors.ConfigError` naming the config key, so it fails before Ray starts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from fedray.config.loader import ConfigError
+from fedray.config.errors import ConfigError
 
 
 def is_reference(name: str) -> bool:
