@@ -2,14 +2,16 @@
 ``fedray down``: a warm local Ray and the dashboard, which ``fedray run``, ``tune`` and ``submit`` use
 while it is up (see :mod:`fedray.runtime.service` and docs/guide/running.md).
 
-Exit codes: ``up``: 0 when stopped by Ctrl-C or ``fedray down`` (with ``--detach``: once it is up), 1
-when a service is already running or its Ray did not come up or stopped, 2 invalid input. ``down``: 0
-when it stopped the service, 1 when none was running.
+Exit codes: ``up``: 0 when stopped by Ctrl-C, SIGTERM, SIGHUP or ``fedray down`` (with ``--detach``:
+once it is up), 1 when a service is already running or its Ray did not come up or stopped, 2
+invalid input. ``down``: 0 when it stopped the service (or what a dead one left), 1 when none was
+running.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def up_command(args: argparse.Namespace) -> int:
-    from fedray.runtime.service import LocalService, running_service
+    from fedray.runtime.service import LocalService, service_dir
 
     results = Path(args.results).expanduser()
     if results.exists() and not results.is_dir():
@@ -60,27 +62,54 @@ def up_command(args: argparse.Namespace) -> int:
         raise ConfigError("--warm-workers", f"expected 0 or more, got {warm_workers}", within=None)
     if not 0 <= args.dashboard_port <= 65535:
         raise ConfigError("--dashboard-port", f"expected 0 to 65535, got {args.dashboard_port}", within=None)
-    running = running_service()
-    if running is not None:
-        print(
-            f"fedray: a local service is already running (Ray at {running.ray_address}, pid {running.pid}); `fedray down` stops it",
-            file=sys.stderr,
-        )
+    directory = service_dir()
+    if not _clear_the_way(directory):
         return 1
     if args.detach:
         return _detach(args)
     results.mkdir(parents=True, exist_ok=True)
-    service = LocalService(results, args.num_cpus, warm_workers, args.dashboard_port)
+    service = LocalService(results, args.num_cpus, warm_workers, args.dashboard_port, directory)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)  # a closed terminal stops it like Ctrl-C (SIGTERM does already)
     try:
-        print("fedray: starting the local service ...", file=sys.stderr, flush=True)
+        _say("fedray: starting the local service ...")
         _print_addresses(service.start(), service.state_path)
         service.serve()
     except KeyboardInterrupt:
         pass
     finally:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the stop short
+            signal.signal(stop_signal, signal.SIG_IGN)
         stopped = service.stop()
-        print(f"fedray: local service stopped ({stopped} Ray processes)", file=sys.stderr, flush=True)
+        _say(f"fedray: local service stopped ({stopped} Ray processes)")
     return 0
+
+
+def _clear_the_way(directory: Path) -> bool:
+    """Refuse when the directory's state file names a running service; stop what a service that died
+    left (its ``fedray up`` killed, its head's processes still running), saying so."""
+    from fedray.runtime.service import recorded_service, stop_service
+
+    state = recorded_service(directory)
+    if state is None:
+        return True
+    if state.is_running():
+        print(
+            f"fedray: a local service is already running (Ray at {state.ray_address}, pid {state.pid}); `fedray down` stops it",
+            file=sys.stderr,
+        )
+        return False
+    reason = state.why_not_running()
+    stopped = stop_service(state, directory)
+    _say(f"fedray: the last local service was not running: {reason}; stopped the {stopped} Ray processes it left")
+    return True
+
+
+def _say(line: str) -> None:
+    """A line on stderr; a terminal closed meanwhile (SIGHUP) must not stop the service's stop."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _print_addresses(state: "ServiceState", state_path: Path) -> None:
@@ -118,12 +147,18 @@ def _detach(args: argparse.Namespace) -> int:
 
 
 def down_command(args: argparse.Namespace) -> int:
-    from fedray.runtime.service import running_service, stop_service
+    from fedray.runtime.service import recorded_service, service_dir, stop_service
 
-    state = running_service()
+    directory = service_dir()
+    state = recorded_service(directory)
     if state is None:
         print("fedray: no local service is running (`fedray up` starts one)", file=sys.stderr)
         return 1
-    stopped = stop_service(state)
-    print(f"fedray: stopped the local service: Ray at {state.ray_address} ({stopped} processes), dashboard at {state.dashboard_url}")
+    if state.is_running():
+        stopped = stop_service(state, directory)
+        print(f"fedray: stopped the local service: Ray at {state.ray_address} ({stopped} processes), dashboard at {state.dashboard_url}")
+        return 0
+    reason = state.why_not_running()
+    stopped = stop_service(state, directory)
+    print(f"fedray: the local service was not running: {reason}; stopped the {stopped} Ray processes it left")
     return 0

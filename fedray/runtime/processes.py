@@ -7,11 +7,15 @@ Also the free ports, private files and ``ray start`` port flags that such a head
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import time
 from pathlib import Path
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 # `ray start` flags of every server Ray would otherwise put on a fixed default port (a second Ray on
 # the machine, another user's, may hold it): every node's, and the head's besides the GCS (--port)
@@ -63,6 +67,53 @@ def is_running(pid: int, start_time: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z" and process_start_time(pid) == start_time
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments of process ``pid`` (``[""]`` if it is gone or has none: a kernel thread, a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1] or [""]
+    except OSError:
+        return [""]
+
+
+def has_environment(pid: int, name: str, value: str) -> bool:
+    """Whether process ``pid`` started with ``name=value`` in its environment (False when its
+    environment cannot be read: gone, or another user's)."""
+    try:
+        return f"{name}={value}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def processes_with_environment(name: str, value: str) -> list[tuple[int, int]]:
+    """(pid, start time) of every process of this user that started with ``name=value`` in its
+    environment, which its children inherit: with a value no other process has (a random token),
+    every process descending from the one it was given to, even one orphaned since (reparented to
+    init, out of :func:`process_tree`'s reach)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and has_environment(int(entry.name), name, value):
+            start = process_start_time(int(entry.name))
+            if start is not None:
+                found.append((int(entry.name), start))
+    return found
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets ``sig`` when the thread that
+    started it ends (``prctl(PR_SET_PDEATHSIG)``), also when its parent is killed with SIGKILL, and
+    its signal mask is cleared (a parent that blocks signals around the start passes its mask on).
+    If the parent is already gone when the child runs it, the child exits at once."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def process_tree(root: int) -> list[tuple[int, int]]:

@@ -23,9 +23,19 @@ joins it (:func:`connect_environment`) are given.
 What it started is recorded in ``service.json`` in the service directory (``$FEDRAY_SERVICE_DIR``,
 default ``~/.fedray/service``): the pids (with their start times, so a reused pid is never taken
 for them) of the ``fedray up`` process and of the ``ray start`` process every Ray process of the
-head descends from, and the addresses. ``fedray down`` stops exactly those processes, never
-``ray stop`` (which stops every Ray instance of the machine). A state file whose processes are gone
-(a crash, a reboot) is ignored with a one-line note and removed.
+head descends from, the addresses, and the service's id, a random value in the
+environment of every process of its head (``$FEDRAY_SERVICE_ID``), by which its processes are found
+even once orphaned. ``fedray down`` stops exactly those processes, after checking that they are the
+ones recorded (start time, command line, the id), never ``ray stop`` (which stops every Ray
+instance of the machine); it removes the temp dir only when it is one that ``fedray up`` made.
+
+Exit paths: ``fedray up`` stops its head on Ctrl-C, SIGTERM (``kill``, ``timeout``, ``fedray
+down``), SIGHUP (its terminal closed), an error, and when the head dies. SIGKILL (and the OOM
+killer) cannot be caught: the head is then told by the kernel (``prctl(PR_SET_PDEATHSIG)``: SIGTERM
+to ``ray start``, which stops its node), and whatever is still left, a process orphaned meanwhile or
+the whole head when ``ray start`` itself was killed too, is stopped by the next ``fedray down`` (or
+``fedray up``), which finds it by the service's id. A state file whose processes are all gone (a
+crash, a reboot) is ignored with a one-line note and removed.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,17 +62,24 @@ from fedray.runtime.errors import RunError
 from fedray.runtime.processes import (
     RAY_HEAD_PORT_FLAGS,
     RAY_NODE_PORT_FLAGS,
+    command_line,
+    die_with_parent,
     free_port,
+    has_environment,
     is_running,
     process_start_time,
     process_tree,
+    processes_with_environment,
+    signal_processes,
     stop_process_tree,
     wait_gone,
     write_private_file,
 )
 
 SERVICE_DIR_VARIABLE = "FEDRAY_SERVICE_DIR"
+SERVICE_ID_VARIABLE = "FEDRAY_SERVICE_ID"  # in the environment of every process of the head: what `fedray down` finds them by
 STATE_FILE = "service.json"
+TEMP_DIR_PREFIX = "fedray-ray-"  # the head's temp dir, in the system's (Ray's sockets need a short path)
 TOKEN_FILE = "auth_token"
 HEAD_LOG = "ray-head.log"
 DETACHED_LOG = "service.log"  # `fedray up --detach`: the service's own output
@@ -70,6 +88,7 @@ STOP_TIMEOUT_S = 60.0  # for the service to stop its head after SIGTERM, before 
 WARM_KEEP_ALIVE_S = 24 * 3600  # the raylet does not kill a pre-started idle worker before this
 REFILL_PAUSE_S = 5.0  # after asking for warm workers: they are not counted before the raylet has forked them
 _RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # the raylet's children that are not workers
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 # Ray 2.60 on Linux replaces a node address of 127.0.0.1 by the machine's, and binds its servers to all
 # interfaces, unless this is off (ray._private.ray_constants.ENABLE_RAY_CLUSTER; services.get_node_ip_address)
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -96,6 +115,7 @@ class ServiceState:
     token_file: str
     num_cpus: int
     started: str  # ISO time
+    service_id: str = ""  # $FEDRAY_SERVICE_ID of the head's processes ("": a file of an older fedray)
 
     @classmethod
     def read(cls, path: Path) -> "ServiceState | None":
@@ -111,25 +131,77 @@ class ServiceState:
         write_private_file(partial, json.dumps(asdict(self), indent=2))
         partial.replace(path)
 
+    def up_is_running(self) -> bool:
+        """Whether the recorded ``fedray up`` process still runs: the pid with its start time, and a
+        ``fedray ... up`` command line (never an unrelated process that a damaged file names)."""
+        if not is_running(self.pid, self.pid_start):
+            return False
+        arguments = command_line(self.pid)
+        return "up" in arguments[1:] and any("fedray" in argument for argument in arguments[:3])
+
+    def head_is_running(self) -> bool:
+        """Whether the recorded ``ray start`` process still runs and is this service's: its id in its
+        environment (a file without one: its ``--temp-dir``)."""
+        if not is_running(self.head_pid, self.head_start):
+            return False
+        if self.service_id:
+            return has_environment(self.head_pid, SERVICE_ID_VARIABLE, self.service_id)
+        arguments = command_line(self.head_pid)
+        return "start" in arguments and any(pair == ("--temp-dir", self.ray_temp_dir) for pair in zip(arguments, arguments[1:]))
+
     def is_running(self) -> bool:
-        return is_running(self.pid, self.pid_start) and is_running(self.head_pid, self.head_start)
+        return self.up_is_running() and self.head_is_running()
+
+    def ray_processes(self) -> list[tuple[int, int]]:
+        """(pid, start time) of the head's processes that still run: the ``ray start`` process's tree
+        if it is this service's, and every process with the service's id in its environment (a child
+        orphaned by the death of its parent among them)."""
+        found = process_tree(self.head_pid) if self.head_is_running() else []
+        if self.service_id:
+            found += [process for process in processes_with_environment(SERVICE_ID_VARIABLE, self.service_id) if process not in found]
+        return [process for process in found if process[0] != os.getpid()]
+
+    def why_not_running(self) -> str:
+        """Why :meth:`is_running` is false, for a one-line message."""
+        if not self.up_is_running():
+            return f"its `fedray up` process, pid {self.pid}, is gone"
+        return f"its Ray head, `ray start` pid {self.head_pid}, is gone"
 
     def token(self) -> str:
         return Path(self.token_file).read_text().strip()
 
 
-def running_service(directory: Path | None = None, note: Callable[[str], None] | None = None) -> ServiceState | None:
-    """The service recorded in ``directory`` (default :func:`service_dir`) if its processes still
-    run; a state file left by one that is gone is removed, and ``note`` (default: a line on stderr)
-    says so."""
+def recorded_service(directory: Path | None = None, note: Callable[[str], None] | None = None) -> ServiceState | None:
+    """The service that ``directory`` (default :func:`service_dir`) records, running or not, as long
+    as one of its processes is left; a state file that is damaged or whose processes are all gone is
+    removed, and ``note`` (default: a line on stderr) says so."""
     path = (directory or service_dir()) / STATE_FILE
     if not path.exists():
         return None
     state = ServiceState.read(path)
-    if state is not None and state.is_running():
+    if state is not None and (state.up_is_running() or state.ray_processes()):
         return state
     path.unlink(missing_ok=True)
+    if state is not None:  # what a `fedray up` that died (SIGKILL) could not remove
+        (path.parent / TOKEN_FILE).unlink(missing_ok=True)
+        if own_temp_dir(state):
+            shutil.rmtree(state.ray_temp_dir, ignore_errors=True)
     (note or _stderr_line)(f"fedray: the local service recorded in {path} is no longer running; removed its state file")
+    return None
+
+
+def running_service(directory: Path | None = None, note: Callable[[str], None] | None = None) -> ServiceState | None:
+    """The service recorded in ``directory`` (default :func:`service_dir`) if it runs (its ``fedray
+    up`` and its head). A state file left by one that is gone is removed
+    (:func:`recorded_service`); one whose processes are only partly gone is kept for ``fedray down``,
+    and ``note`` (default: a line on stderr) says what is left."""
+    state = recorded_service(directory, note)
+    if state is None or state.is_running():
+        return state
+    path = (directory or service_dir()) / STATE_FILE
+    (note or _stderr_line)(
+        f"fedray: the local service recorded in {path} is not running: {state.why_not_running()}; `fedray down` stops what it left"
+    )
     return None
 
 
@@ -225,6 +297,7 @@ class LocalService:
         self.dashboard: Any = None
         self.state: ServiceState | None = None
         self.temp_dir: Path | None = None
+        self.service_id = ""  # $FEDRAY_SERVICE_ID of the head's processes
         self.node_manager_port = 0
         self._prestart: Any = None  # the raylet's PrestartWorkers RPC (None: warm workers switched off or unavailable)
         self._channel: Any = None  # its gRPC channel, closed before the head stops
@@ -240,7 +313,7 @@ class LocalService:
         write_private_file(token_file, os.urandom(32).hex())
         # not under the service directory: Ray's Unix sockets, <temp dir>/session_<time>_<pid>/sockets/plasma_store,
         # must stay below 108 bytes
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="fedray-ray-"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX))
         gcs_port, job_server_port, self.node_manager_port = free_port(), free_port(), free_port()
         command = [
             str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() else "ray",
@@ -267,11 +340,24 @@ class LocalService:
         ]
         for flag in RAY_HEAD_PORT_FLAGS + RAY_NODE_PORT_FLAGS:
             command += [flag, str(self.node_manager_port if flag == "--node-manager-port" else free_port())]
-        env = head_environment(token_file)
-        with open(self.directory / HEAD_LOG, "w") as log:
-            self.head = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+        self.service_id = os.urandom(16).hex()
+        env = head_environment(token_file, self.service_id)
+        # Signals are held back from the start of `ray start` until self.head records it (so that a
+        # Ctrl-C or SIGTERM then stops it too); it dies with this process (die_with_parent: SIGKILL included).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            with open(self.directory / HEAD_LOG, "w") as log:
+                self.head = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         job_server_url = f"http://127.0.0.1:{job_server_port}"
         self._wait_until_ready(job_server_url, token_file.read_text())
         self.head_processes = process_tree(self.head.pid)
@@ -292,6 +378,7 @@ class LocalService:
             token_file=str(token_file),
             num_cpus=self.num_cpus,
             started=datetime.now().astimezone().isoformat(timespec="seconds"),
+            service_id=self.service_id,
         )
         self.state.write(self.state_path)
         self._prestart = self._prestart_rpc(token_file.read_text()) if self.warm_workers > 0 else None
@@ -370,10 +457,9 @@ class LocalService:
             self._channel.close()
         stopped = 0
         if self.head is not None:
-            processes = self.head_processes or process_tree(self.head.pid)
-            processes += [p for p in process_tree(self.head.pid) if p not in processes]  # workers booted since
-            stopped = sum(is_running(pid, start) for pid, start in processes)
-            stop_process_tree(processes, STOP_TIMEOUT_S)
+            head = (self.head.pid, process_start_time(self.head.pid) or 0)
+            processes = self.head_processes + [p for p in process_tree(self.head.pid) if p not in self.head_processes]
+            stopped = stop_head(head if self.head.poll() is None else None, processes, self.service_id)
             if self.head.poll() is None:
                 self.head.wait(timeout=10)
         state = ServiceState.read(self.state_path)
@@ -391,27 +477,16 @@ def _head_system_config(num_cpus: int, warm_workers: int) -> dict[str, Any]:
     return worker_system_config(max(num_cpus, warm_workers) + 1)
 
 
-def head_environment(token_file: Path) -> dict[str, str]:
-    """The environment of the service's ``ray start`` (and so of every process of its head): this
-    process's without a Ray address or token, token authentication with the service's token file,
-    :data:`LOOPBACK_ONLY`, and free ports for the autoscaler's and the dashboard's metrics, which Ray
-    otherwise puts on fixed ports (44217, 44227) that another Ray may hold."""
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), **LOOPBACK_ONLY)
-    env.update(AUTOSCALER_METRIC_PORT=str(free_port()), DASHBOARD_METRIC_PORT=str(free_port()))
-    return env
-
-
 def worker_processes(head_pid: int) -> dict[str, int]:
     """The Ray worker processes of the head whose ``ray start`` process is ``head_pid``, by state:
     ``booting`` (importing, not yet registered), ``idle`` and ``busy`` (running a task or an actor),
     told apart by the title Ray gives a worker process (``ray::IDLE``, ``ray::<actor class>``)."""
     counts = {"booting": 0, "idle": 0, "busy": 0}
-    raylet = next((pid for pid, _ in process_tree(head_pid) if _command_line(pid)[0].endswith("/raylet")), None)
+    raylet = next((pid for pid, _ in process_tree(head_pid) if command_line(pid)[0].endswith("/raylet")), None)
     if raylet is None:
         return counts
     for pid, _ in process_tree(raylet)[1:]:
-        arguments = _command_line(pid)
+        arguments = command_line(pid)
         if arguments[0].startswith("ray::IDLE"):
             counts["idle"] += 1
         elif arguments[0].startswith("ray::"):
@@ -421,24 +496,79 @@ def worker_processes(head_pid: int) -> dict[str, int]:
     return counts
 
 
-def _command_line(pid: int) -> list[str]:
+def head_environment(token_file: Path, service_id: str) -> dict[str, str]:
+    """The environment of the service's ``ray start`` (and so of every process of its head): this
+    process's without a Ray address or token, token authentication with the service's token file,
+    the service's id, :data:`LOOPBACK_ONLY`, and free ports for the autoscaler's and the dashboard's
+    metrics, which Ray otherwise puts on fixed ports (44217, 44227) that another Ray may hold."""
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), **LOOPBACK_ONLY)
+    env.update(AUTOSCALER_METRIC_PORT=str(free_port()), DASHBOARD_METRIC_PORT=str(free_port()))
+    env[SERVICE_ID_VARIABLE] = service_id
+    return env
+
+
+def stop_head(head: tuple[int, int] | None, processes: list[tuple[int, int]], service_id: str, timeout: float = STOP_TIMEOUT_S) -> int:
+    """Stop a head: SIGTERM to its ``ray start`` process ``head`` (None: gone), which stops its node's
+    processes, up to ``timeout`` s (its drain waits that long for a GCS that is gone); then SIGTERM,
+    and SIGKILL after 5 s, to what is left of ``processes`` and of the processes with the service's id
+    in their environment (a process that a dead ``ray start`` left, or one forked after ``processes``
+    was listed). Returns the number of them that were running."""
+
+    def head_processes() -> list[tuple[int, int]]:
+        marked = processes_with_environment(SERVICE_ID_VARIABLE, service_id) if service_id else []
+        listed = dict.fromkeys([*([head] if head else []), *processes, *marked])
+        return [process for process in listed if process[0] != os.getpid() and is_running(*process)]
+
+    running = head_processes()
+    if head is not None and is_running(*head):
+        stop_process_tree([head], timeout)
+    left = head_processes()
+    if not wait_gone(left, 2):
+        signal_processes(left, signal.SIGTERM)
+        if not wait_gone(left, 5):
+            signal_processes(left, signal.SIGKILL)
+            wait_gone(left, 5)
+    return len(running)
+
+
+def own_temp_dir(state: ServiceState) -> bool:
+    """Whether ``state.ray_temp_dir`` is the temp dir that ``fedray up`` made for its head (so
+    ``fedray down`` may remove it): a directory (not a link) of this user named ``fedray-ray-*``,
+    holding nothing but Ray's session folders of that head (``session_<time>_<head pid>``) and the
+    links Ray puts next to them."""
+    path = Path(state.ray_temp_dir)
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1] or [""]
+        if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid() or not path.name.startswith(TEMP_DIR_PREFIX):
+            return False
+        entries = list(path.iterdir())
     except OSError:
-        return [""]
+        return False
+    for entry in entries:
+        if entry.name in ("session_latest", "prom_metrics_service_discovery.json") and entry.is_symlink():
+            continue
+        if not (entry.name.startswith("session_") and entry.name.endswith(f"_{state.head_pid}")):
+            return False
+    return True
 
 
-def stop_service(state: ServiceState, directory: Path | None = None) -> int:
+def stop_service(state: ServiceState, directory: Path | None = None, note: Callable[[str], None] | None = None) -> int:
     """``fedray down``: SIGTERM to the ``fedray up`` process, which stops its head (:meth:`LocalService.stop`);
-    if it has not within ``STOP_TIMEOUT_S``, the head's processes are stopped here, by pid. Returns the
-    number of the head's processes that were running."""
+    then whatever of the head is left (:func:`stop_head`: all of it when ``fedray up`` is gone, a
+    SIGKILL, the OOM killer) is stopped here, by pid, after checking each is the service's (its start
+    time, its command line, the service's id). Removes the state file, the token and the temp dir
+    (only one that :func:`own_temp_dir` recognises; ``note``, default a line on stderr, says when it
+    is not). Returns the number of the head's processes that were running."""
     directory = directory or service_dir()
-    head = process_tree(state.head_pid) if is_running(state.head_pid, state.head_start) else []
-    up = [(state.pid, state.pid_start)]
-    stop_process_tree(up, STOP_TIMEOUT_S)
-    if not wait_gone(head, 5):
-        stop_process_tree(head, 10)
+    head = (state.head_pid, state.head_start) if state.head_is_running() else None
+    processes = state.ray_processes()
+    if state.up_is_running():
+        stop_process_tree([(state.pid, state.pid_start)], STOP_TIMEOUT_S)
+    stop_head(head, processes, state.service_id)
     (directory / STATE_FILE).unlink(missing_ok=True)
     (directory / TOKEN_FILE).unlink(missing_ok=True)
-    shutil.rmtree(state.ray_temp_dir, ignore_errors=True)
-    return len(head)
+    if own_temp_dir(state):
+        shutil.rmtree(state.ray_temp_dir, ignore_errors=True)
+    elif Path(state.ray_temp_dir).exists():
+        (note or _stderr_line)(f"fedray: left {state.ray_temp_dir} in place: not a temp dir of the service's Ray head")
+    return len(processes)

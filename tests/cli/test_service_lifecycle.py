@@ -1,4 +1,6 @@
-"""``fedray up`` / ``fedray down`` beyond the happy path: what the service listens on.
+"""``fedray up`` / ``fedray down`` on the paths that are not the happy one: an
+``up`` that dies or is stopped by a signal, a ``down`` that must stop what a dead service left and
+nothing else, and what the service listens on.
 
 Real processes throughout: the console entry point in subprocesses, a real Ray head, real signals.
 The processes of a test's service are found, independently of fedray's own bookkeeping, by what
@@ -9,6 +11,7 @@ their environment holds: every process that a test's ``fedray`` commands start c
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from test_service import fedray
 
 from fedray.runtime.processes import is_running
@@ -101,6 +105,7 @@ def up_detached(service_dir: Path, cwd: Path) -> ServiceState:
     return state
 
 
+@pytest.mark.slow
 def test_the_service_listens_on_the_loopback_only(tmp_path):
     service_dir = tmp_path / "service"
     try:
@@ -130,3 +135,115 @@ def test_the_service_listens_on_the_loopback_only(tmp_path):
     finally:
         fedray("down", cwd=tmp_path, service_dir=service_dir)
         kill_everything(service_dir)
+
+
+@pytest.mark.slow
+def test_a_fedray_up_killed_with_sigkill_takes_its_ray_head_with_it(tmp_path):
+    service_dir = tmp_path / "service"
+    try:
+        state = up_detached(service_dir, tmp_path)
+        head = head_processes(service_dir)
+        assert len(head) > 3
+        os.kill(state.pid, signal.SIGKILL)
+        assert wait_until(lambda: not any(is_running(*p) for p in head), 90), [command_of(p)[:1] for p, _ in head if is_running(p, _)]
+        down = fedray("down", cwd=tmp_path, service_dir=service_dir)  # the state file it could not remove
+        assert down.returncode == 1
+        assert down.stderr.splitlines()[0].endswith("is no longer running; removed its state file")
+        assert not (service_dir / STATE_FILE).exists() and not Path(state.token_file).exists() and not Path(state.ray_temp_dir).exists()
+    finally:
+        kill_everything(service_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "when"),
+    [(signal.SIGTERM, "starting"), (signal.SIGTERM, "up"), (signal.SIGHUP, "up")],
+    ids=["sigterm-while-starting", "sigterm-when-up", "sighup-when-up"],
+)
+def test_a_foreground_fedray_up_stopped_by_a_signal_stops_its_head(tmp_path, sig, when):
+    """What ``timeout`` (SIGTERM) or a closed terminal (SIGHUP) does to a foreground ``fedray up``."""
+    service_dir = tmp_path / "service"
+    up = start_up(service_dir, tmp_path)
+    try:
+        if when == "starting":  # the head's raylet has started, its agents not all yet: before the state file
+            assert wait_until(lambda: any("raylet" in " ".join(command_of(pid)[:1]) for pid, _ in head_processes(service_dir)), 300)
+        else:
+            assert wait_until(lambda: (service_dir / STATE_FILE).exists(), 300), up.stderr.read() if up.poll() is not None else ""
+        os.kill(up.pid, sig)
+        code = up.wait(timeout=120)
+        stderr = up.stderr.read()
+        assert code == 0, stderr
+        assert "fedray: local service stopped (" in stderr
+        assert wait_until(lambda: not head_processes(service_dir), 15), [command_of(p)[:2] for p, _ in head_processes(service_dir)]
+        assert not (service_dir / STATE_FILE).exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        kill_everything(service_dir)
+
+
+@pytest.mark.slow
+def test_down_stops_what_a_service_killed_with_its_head_left(tmp_path):
+    """The OOM killer, or ``kill -9`` of both ``fedray up`` and ``ray start``: Ray's agents outlive them."""
+    service_dir = tmp_path / "service"
+    try:
+        state = up_detached(service_dir, tmp_path)
+        os.kill(state.pid, signal.SIGKILL)
+        os.kill(state.head_pid, signal.SIGKILL)
+        time.sleep(5)
+        left = head_processes(service_dir)
+        assert left, "nothing outlived ray start: the case this test is about did not happen"
+        down = fedray("down", cwd=tmp_path, service_dir=service_dir)
+        assert down.returncode == 0, down.stderr
+        [line] = down.stdout.strip().splitlines()
+        assert re.fullmatch(
+            rf"fedray: the local service was not running: its `fedray up` process, pid {state.pid}, is gone; "
+            r"stopped the [1-9]\d* Ray processes it left",
+            line,
+        ), line
+        assert not any(is_running(*p) for p in left)
+        assert not (service_dir / STATE_FILE).exists() and not Path(state.token_file).exists() and not Path(state.ray_temp_dir).exists()
+    finally:
+        kill_everything(service_dir)
+
+
+def test_down_acts_only_on_processes_and_a_temp_dir_that_are_the_services(tmp_path):
+    """A state file (damaged, or another program's) that names live processes of someone else and a
+    folder of the user's: ``fedray down`` signals none of them and removes nothing of theirs."""
+    service_dir = tmp_path / "service"
+    service_dir.mkdir()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    bystanders = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    try:
+        ticks = [int(Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) for process in bystanders]
+        state = ServiceState(
+            pid=bystanders[0].pid,
+            pid_start=ticks[0],
+            head_pid=bystanders[1].pid,
+            head_start=ticks[1],
+            ray_address="127.0.0.1:1",
+            job_server_url="http://127.0.0.1:1",
+            dashboard_url="http://127.0.0.1:2/",
+            results_dir=str(tmp_path),
+            ray_temp_dir=str(precious),
+            token_file=str(service_dir / "auth_token"),
+            num_cpus=1,
+            started="2026-01-01T00:00:00+00:00",
+        )
+        state.write(service_dir / STATE_FILE)
+        down = fedray("down", cwd=tmp_path, service_dir=service_dir)
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert down.stderr.splitlines() == [
+            f"fedray: the local service recorded in {service_dir / STATE_FILE} is no longer running; removed its state file",
+            "fedray: no local service is running (`fedray up` starts one)",
+        ]
+        time.sleep(1)
+        assert all(process.poll() is None for process in bystanders)
+        assert (precious / "thesis.tex").read_text() == "years of work"
+    finally:
+        for process in bystanders:
+            process.kill()
+            process.wait()
