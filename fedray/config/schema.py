@@ -57,6 +57,23 @@ TASK_REPORTS = {
     "language_modeling": TaskReport("perplexity", "min", ("perplexity", "accuracy", "loss")),
 }
 TASKS = tuple(TASK_REPORTS)
+#: The spread over clients of ``personal_<headline>`` (fedray.runtime.engine), each in the headline's direction.
+PERSONAL_SPREAD = ("_worst", "_p10", "_median", "_client_mean")
+#: Metrics for which lower is better, besides a task's headline and its personalised variants.
+_LOWER_IS_BETTER = ("loss", "_std", "rmse", "mae", "perplexity")
+
+
+def metric_direction(metric: str) -> Literal["max", "min"]:
+    """Whether a larger value of a round row's ``metric`` is better: a task's direction for its headline
+    (``test_<headline>``, ``personal_<headline>`` and its worst, p10, median and client mean), else
+    ``min`` for losses, spreads, errors and perplexity and ``max`` for the rest."""
+    for report in TASK_REPORTS.values():
+        personal = f"personal_{report.headline}"
+        if metric in (f"test_{report.headline}", personal, *(personal + suffix for suffix in PERSONAL_SPREAD)):
+            return report.mode
+    return "min" if metric.endswith(_LOWER_IS_BETTER) else "max"
+
+
 MODELS = ("cnn_small", "cnn_cifar", "resnet8", "resnet10", "resnet18", "mlp", "char_lstm")
 
 

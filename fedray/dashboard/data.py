@@ -142,7 +142,7 @@ class Overview:
     ray_dashboard_url: str | None = None
     sweeps: list[dict[str, Any]] = field(default_factory=list)  # a folder of sweeps: each sweep's summary (DashboardData.sweep_summary)
     # a sweep over algorithm.name: each algorithm's paired differences from the reference algorithm
-    # (fedray.tune.summary.paired_comparison, as in comparison.md); None otherwise
+    # (fedray.tracking.paired.paired_comparison, as in comparison.md); None otherwise
     paired_comparison: dict[str, Any] | None = None
     messages: list[Message] = field(default_factory=list)
 
@@ -1055,11 +1055,11 @@ class DashboardData:
         self, trials_frame: pd.DataFrame | None, metric: str, mode: str, swept_keys: list[str], messages: list[Message]
     ) -> dict[str, Any] | None:
         """Each algorithm's paired differences from the reference algorithm, seed by seed, with Student's t
-        intervals (:func:`fedray.tune.summary.paired_comparison`: the rows of comparison.md's paired tables);
+        intervals (:func:`fedray.tracking.paired.paired_comparison`: the rows of comparison.md's paired tables);
         None unless the sweep sweeps ``algorithm.name``."""
         if trials_frame is None or ALGORITHM_KEY not in swept_keys or not {ALGORITHM_KEY, "status"} <= set(trials_frame.columns):
             return None
-        from fedray.tune.summary import paired_comparison  # pandas and yaml only; scipy when there are pairs
+        from fedray.tracking.paired import paired_comparison  # pandas and yaml only; scipy when there are pairs
 
         spec = self.cache.read(self.root / SWEEP_FILE, read_yaml_mapping, messages) or None
         try:

@@ -52,14 +52,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedray.config import ConfigError, RunConfig, apply_overrides, is_reference, read_yaml, set_key, validate_config
 from fedray.config.loader import validation_config_error
-from fedray.config.schema import HF_PREFIX, TASK_REPORTS
+from fedray.config.schema import HF_PREFIX, PERSONAL_SPREAD, TASK_REPORTS, metric_direction
 
 Scalar = Union[bool, int, float, str]
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
-#: Round metrics a sweep can optimise (what the engine reports on evaluated rounds).
-#: The per-client spread of personal_<headline> besides its std, each in the headline's direction (fedray.runtime.engine).
-PERSONAL_SPREAD = ("_worst", "_p10", "_median", "_client_mean")
-#: The metrics a sweep may rank by: every built-in task's test metrics and its personalised headline.
+#: The round metrics a sweep may rank by (what the engine reports on evaluated rounds): every built-in
+#: task's test metrics, the training loss, and its personalised headline with that headline's spread.
 METRICS = tuple(
     dict.fromkeys(
         [f"test_{name}" for report in TASK_REPORTS.values() for name in report.metric_names]
@@ -67,22 +65,6 @@ METRICS = tuple(
         + [f"personal_{report.headline}{suffix}" for report in TASK_REPORTS.values() for suffix in ("", *PERSONAL_SPREAD, "_std")]
     )
 )
-#: Metrics for which lower is better (besides a task's headline, whose direction the task gives).
-_LOWER_IS_BETTER = ("loss", "_std", "rmse", "mae", "perplexity")
-
-
-def default_mode(metric: str, task: str) -> Literal["max", "min"]:
-    """Whether a larger ``metric`` is better in a run of ``data.task`` = ``task``: the task's own
-    direction for its headline (``test_<headline>``, ``personal_<headline>`` and its worst, p10, median
-    and client mean), else min for losses,
-    spreads, errors and perplexity and max for the rest."""
-    report = TASK_REPORTS.get(task)
-    headline_keys = (
-        (f"test_{report.headline}", *(f"personal_{report.headline}{suffix}" for suffix in ("", *PERSONAL_SPREAD))) if report else ()
-    )
-    if metric in headline_keys:
-        return report.mode
-    return "min" if metric.endswith(_LOWER_IS_BETTER) else "max"
 
 
 def default_metric(task: str) -> str:
@@ -488,7 +470,7 @@ def _check_trials(spec: SweepSpec, source: str | Path) -> None:
         if spec.metric is None:  # the task's headline, with the task's direction
             spec.metric = default_metric(config.data.task)
         if spec.mode is None:
-            spec.mode = default_mode(spec.metric, config.data.task)
+            spec.mode = metric_direction(spec.metric)
         if len(tasks) > 1 and not metric_named:
             raise ConfigError(
                 "metric",
