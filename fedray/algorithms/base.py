@@ -51,8 +51,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fedray.algorithms.requirements import Requirement
-from fedray.algorithms.uploads import Upload
+from fedray.algorithms.declarations import Requirement, Upload
 from fedray.config import RunConfig, TrainConfig
 from fedray.data import DatasetInfo, FederatedDataset
 from fedray.models import FedModel, build_model, get_flat_weights, set_flat_weights

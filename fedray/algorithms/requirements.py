@@ -16,40 +16,18 @@ without per-client test splits reports only a global model with an untrained hea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from fedray.algorithms.declarations import Requirement
 from fedray.algorithms.uploads import config_error, upload_problems
-from fedray.config import ConfigError, RunConfig
-from fedray.data import DatasetInfo
+from fedray.config import ConfigError
 from fedray.models import FedModel
 from fedray.tasks import TASKS, task_class
 
 if TYPE_CHECKING:
     from fedray.algorithms.base import Algorithm
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """One need: ``is_met(config, model, info)``, and the message when it is not, ``"{keys}: {name}
-    needs {what}; {remedy}"`` (``{model}`` in ``what``/``remedy`` is replaced by ``model.name``,
-    ``{data}`` by ``data.name``, ``{task}`` by ``data.task`` and ``{modality}`` by the data's modality)."""
-
-    keys: str  # the config key(s) that supply it
-    what: str
-    remedy: str
-    is_met: Callable[[RunConfig, FedModel, DatasetInfo], bool]
-
-    def message(self, algorithm_name: str, config: RunConfig, info: DatasetInfo) -> str:
-        text = f"{algorithm_name} needs {self.what}; {self.remedy}"
-        return (
-            text.replace("{model}", repr(config.model.name))
-            .replace("{data}", repr(config.data.name))
-            .replace("{task}", config.data.task)
-            .replace("{modality}", info.modality)
-        )
 
 
 BATCHNORM = Requirement(

@@ -32,32 +32,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from fedray.algorithms.declarations import Upload
 from fedray.config import ConfigError, RunConfig
 
 if TYPE_CHECKING:
     from fedray.algorithms.base import Algorithm, ClientUpdate
     from fedray.config.privacy import PrivacyConfig
-
-
-@dataclass(frozen=True)
-class Upload:
-    """One kind of upload (``kind``: model weights, prototypes, class representations, kernel
-    matrices, control variates, ...) and the :class:`~fedray.algorithms.base.ClientUpdate` keys it
-    travels in."""
-
-    kind: str
-    sums: tuple[str, ...] = ()
-    payload: tuple[str, ...] = ()
-    #: (key, bound) pairs: the tensors privacy clips, all by one factor per client so that each is
-    #: within ``privacy.<bound>`` (a class-sum and its count keep their ratio), then noises
-    clipped: tuple[tuple[str, str], ...] = ()
-    #: keys replaced by ``torch.ones_like`` under privacy (the same for every client)
-    constant: tuple[str, ...] = ()
-    #: the setting that leaves this upload out, named when privacy refuses it
-    avoided_by: str = ""
-    #: payload keys holding the client's own flat model weights (comparable with ``broadcast["weights"]``,
-    #: as FedSKC's per-client weights): ``systems.compression`` encodes each as its update against them
-    model_weights: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

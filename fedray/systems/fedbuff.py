@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -49,9 +49,21 @@ from fedray.systems.draws import DROPOUT_STREAM, FEDBUFF_STREAM, uniform
 
 if TYPE_CHECKING:
     from fedray.algorithms import Algorithm
-    from fedray.systems import SystemsModel
+    from fedray.systems.availability import AvailabilityProcess
 
 logger = logging.getLogger(__name__)
+
+
+class SystemsView(Protocol):
+    """What the schedule uses of :class:`fedray.systems.SystemsModel`, whose package imports this
+    module (declared here, so that this module does not import its package)."""
+
+    train_flops: np.ndarray
+    clock: float
+    availability: AvailabilityProcess
+
+    def durations(self, client_ids: np.ndarray, broadcast_bytes: int) -> np.ndarray: ...
+
 
 #: The sums of a weighted-mean algorithm's update (:data:`~fedray.algorithms.uploads.MODEL_WEIGHTS`).
 WEIGHTED_SUMS = frozenset(MODEL_WEIGHTS.sums)
@@ -116,7 +128,7 @@ class BufferSchedule:
     ``dropped[i]``) at simulated time ``finish[i]``. Its clock is ``systems.clock``: the time the last
     aggregation closed."""
 
-    def __init__(self, config: RunConfig, systems: SystemsModel) -> None:
+    def __init__(self, config: RunConfig, systems: SystemsView) -> None:
         self.config = config
         self.systems = systems
         self.num_clients = len(systems.train_flops)
