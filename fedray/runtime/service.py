@@ -22,8 +22,8 @@ joins it (:func:`connect_environment`) are given.
 
 What it started is recorded in ``service.json`` in the service directory (``$FEDRAY_SERVICE_DIR``,
 default ``~/.fedray/service``): the pids (with their start times, so a reused pid is never taken
-for them) of the ``fedray up`` process and of the ``ray start`` process every Ray process of the
-head descends from, the addresses, and the service's id, a random value in the
+for them) of the ``fedray up`` process, of the ``ray start`` process every Ray process of the head
+descends from and of its GCS and raylet, the addresses, and the service's id, a random value in the
 environment of every process of its head (``$FEDRAY_SERVICE_ID``), by which its processes are found
 even once orphaned. ``fedray down`` stops exactly those processes, after checking that they are the
 ones recorded (start time, command line, the id), never ``ray stop`` (which stops every Ray
@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -88,7 +89,9 @@ STOP_TIMEOUT_S = 60.0  # for the service to stop its head after SIGTERM, before 
 WARM_KEEP_ALIVE_S = 24 * 3600  # the raylet does not kill a pre-started idle worker before this
 REFILL_PAUSE_S = 5.0  # after asking for warm workers: they are not counted before the raylet has forked them
 _RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # the raylet's children that are not workers
+_CORE = ("gcs_server", "raylet")  # the head's processes without which it is no Ray (`ray start --block` outlives them on SIGTERM)
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_CONNECT_TIMEOUT_S = 5.0  # for the service's GCS to accept a connection before a run joins it
 # Ray 2.60 on Linux replaces a node address of 127.0.0.1 by the machine's, and binds its servers to all
 # interfaces, unless this is off (ray._private.ray_constants.ENABLE_RAY_CLUSTER; services.get_node_ip_address)
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -116,6 +119,7 @@ class ServiceState:
     num_cpus: int
     started: str  # ISO time
     service_id: str = ""  # $FEDRAY_SERVICE_ID of the head's processes ("": a file of an older fedray)
+    core: list[list[Any]] = field(default_factory=list)  # [name, pid, start time] of the head's GCS and raylet
 
     @classmethod
     def read(cls, path: Path) -> "ServiceState | None":
@@ -149,8 +153,15 @@ class ServiceState:
         arguments = command_line(self.head_pid)
         return "start" in arguments and any(pair == ("--temp-dir", self.ray_temp_dir) for pair in zip(arguments, arguments[1:]))
 
+    def dead_core(self) -> str | None:
+        """The first of the head's GCS and raylet that is gone, as ``"gcs_server (pid N)"``; None if both run."""
+        for name, pid, start in self.core:
+            if not is_running(pid, start):
+                return f"{name} (pid {pid})"
+        return None
+
     def is_running(self) -> bool:
-        return self.up_is_running() and self.head_is_running()
+        return self.up_is_running() and self.head_is_running() and self.dead_core() is None
 
     def ray_processes(self) -> list[tuple[int, int]]:
         """(pid, start time) of the head's processes that still run: the ``ray start`` process's tree
@@ -165,7 +176,9 @@ class ServiceState:
         """Why :meth:`is_running` is false, for a one-line message."""
         if not self.up_is_running():
             return f"its `fedray up` process, pid {self.pid}, is gone"
-        return f"its Ray head, `ray start` pid {self.head_pid}, is gone"
+        if not self.head_is_running():
+            return f"its Ray head, `ray start` pid {self.head_pid}, is gone"
+        return f"its Ray head's {self.dead_core()} is gone"
 
     def token(self) -> str:
         return Path(self.token_file).read_text().strip()
@@ -192,7 +205,7 @@ def recorded_service(directory: Path | None = None, note: Callable[[str], None] 
 
 def running_service(directory: Path | None = None, note: Callable[[str], None] | None = None) -> ServiceState | None:
     """The service recorded in ``directory`` (default :func:`service_dir`) if it runs (its ``fedray
-    up`` and its head). A state file left by one that is gone is removed
+    up``, its head, the head's GCS and raylet). A state file left by one that is gone is removed
     (:func:`recorded_service`); one whose processes are only partly gone is kept for ``fedray down``,
     and ``note`` (default: a line on stderr) says what is left."""
     state = recorded_service(directory, note)
@@ -232,6 +245,32 @@ def _announce(address: str) -> None:
     _stderr_line(f"fedray: using the local service at {address}  (fedray down stops it)")
 
 
+def joinable_service() -> ServiceState | None:
+    """The running service for a command to join, or None when none is recorded (or only what a
+    dead one left, with a note). A service whose ``fedray up`` still runs but whose Ray head died
+    (or does not answer) is refused in one line (RunError, exit 1), instead of the minutes a Ray
+    client would wait for its GCS."""
+    state = recorded_service()
+    if state is None:
+        return None
+    if not state.up_is_running():
+        return running_service()  # the note on what it left
+    if not state.is_running():
+        raise RunError(
+            f"the local service at {state.ray_address} (`fedray up`, pid {state.pid}) has no Ray any more: "
+            f"{state.why_not_running()}; `fedray down` stops what is left, `fedray up` starts a new one"
+        )
+    host, port = state.ray_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise RunError(
+            f"the local service's Ray head at {state.ray_address} (`fedray up`, pid {state.pid}) does not answer "
+            f"({error.strerror or type(error).__name__}); `fedray down` stops it, `fedray up` starts a new one"
+        ) from None
+    return state
+
+
 def service_ray_address(resources: ResourcesConfig | None, on_ray: bool) -> str | None:
     """For ``fedray run`` / ``fedray tune`` without ``--address``: the GCS address of the running
     service, after checking that the run fits it, or None (no service, ``$RAY_ADDRESS`` set, or a
@@ -239,7 +278,7 @@ def service_ray_address(resources: ResourcesConfig | None, on_ray: bool) -> str 
     driver's process, which is faster than any Ray). Says so in one line on stderr."""
     if not on_ray or os.environ.get("RAY_ADDRESS"):
         return None
-    state = running_service()
+    state = joinable_service()
     if state is None:
         return None
     if resources is not None:
@@ -254,7 +293,7 @@ def service_job_server_url() -> str | None:
     / ``$RAY_ADDRESS``): the running service's job server URL, or None."""
     if any(os.environ.get(name) for name in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")):
         return None
-    state = running_service()
+    state = joinable_service()
     if state is None:
         return None
     connect_environment(state)
@@ -298,6 +337,7 @@ class LocalService:
         self.state: ServiceState | None = None
         self.temp_dir: Path | None = None
         self.service_id = ""  # $FEDRAY_SERVICE_ID of the head's processes
+        self.core: list[list[Any]] = []  # [name, pid, start time] of the head's GCS and raylet
         self.node_manager_port = 0
         self._prestart: Any = None  # the raylet's PrestartWorkers RPC (None: warm workers switched off or unavailable)
         self._channel: Any = None  # its gRPC channel, closed before the head stops
@@ -361,6 +401,9 @@ class LocalService:
         job_server_url = f"http://127.0.0.1:{job_server_port}"
         self._wait_until_ready(job_server_url, token_file.read_text())
         self.head_processes = process_tree(self.head.pid)
+        self.core = [
+            [name, pid, start] for name in _CORE for pid, start in self.head_processes if command_line(pid)[0].endswith(f"/{name}")
+        ]
         from fedray.dashboard.app import DashboardServer
 
         self.dashboard = DashboardServer(self.results_dir, port=self.dashboard_port)
@@ -379,6 +422,7 @@ class LocalService:
             num_cpus=self.num_cpus,
             started=datetime.now().astimezone().isoformat(timespec="seconds"),
             service_id=self.service_id,
+            core=self.core,
         )
         self.state.write(self.state_path)
         self._prestart = self._prestart_rpc(token_file.read_text()) if self.warm_workers > 0 else None
@@ -445,6 +489,9 @@ class LocalService:
         while True:
             if self.head.poll() is not None:
                 raise RunError(f"the local service's Ray stopped (exit code {self.head.returncode}); its log: {self.directory / HEAD_LOG}")
+            for name, pid, start in self.core:  # `ray start --block` outlives a GCS or raylet stopped by SIGTERM
+                if not is_running(pid, start):
+                    raise RunError(f"the local service's Ray stopped: its {name} (pid {pid}) exited; its log: {self.directory / HEAD_LOG}")
             self.keep_warm()
             time.sleep(poll_seconds)
 
@@ -459,7 +506,8 @@ class LocalService:
         if self.head is not None:
             head = (self.head.pid, process_start_time(self.head.pid) or 0)
             processes = self.head_processes + [p for p in process_tree(self.head.pid) if p not in self.head_processes]
-            stopped = stop_head(head if self.head.poll() is None else None, processes, self.service_id)
+            core_lost = any(not is_running(pid, start) for _, pid, start in self.core)  # nothing to drain: no waiting
+            stopped = stop_head(head if self.head.poll() is None else None, processes, self.service_id, 5 if core_lost else STOP_TIMEOUT_S)
             if self.head.poll() is None:
                 self.head.wait(timeout=10)
         state = ServiceState.read(self.state_path)

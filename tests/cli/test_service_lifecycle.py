@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_service import fedray
+from test_service import SMALL_RUN, fedray
 
 from fedray.runtime.processes import is_running
 from fedray.runtime.service import STATE_FILE, ServiceState
@@ -247,3 +247,38 @@ def test_down_acts_only_on_processes_and_a_temp_dir_that_are_the_services(tmp_pa
         for process in bystanders:
             process.kill()
             process.wait()
+
+
+@pytest.mark.slow
+def test_a_run_on_a_service_whose_ray_head_died_says_so_in_one_line(tmp_path):
+    service_dir = tmp_path / "service"
+    try:
+        state = up_detached(service_dir, tmp_path)
+        os.kill(state.pid, signal.SIGSTOP)  # `fedray up` has not noticed yet (it would stop the service)
+        [gcs] = [pid for pid, _ in head_processes(service_dir) if command_of(pid)[0].endswith("/gcs_server")]
+        os.kill(gcs, signal.SIGTERM)  # `ray start --block` takes a SIGTERM'd GCS for a graceful exit and keeps running
+        assert wait_until(lambda: not psutil.pid_exists(gcs) or psutil.Process(gcs).status() == psutil.STATUS_ZOMBIE, 30)
+        env = environment(service_dir)
+        try:
+            run = subprocess.run(
+                [sys.executable, "-m", "fedray.cli.main", "run", *SMALL_RUN, "--set", "resources.num_workers=2"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=150,
+            )
+        except subprocess.TimeoutExpired as error:
+            pytest.fail(f"the run waited for the dead head for minutes: {str(error.stderr)[-500:]}")
+        assert run.returncode == 1, run.stderr
+        assert run.stderr.strip().splitlines() == [
+            f"fedray: the local service at {state.ray_address} (`fedray up`, pid {state.pid}) has no Ray any more: "
+            f"its Ray head's gcs_server (pid {gcs}) is gone; `fedray down` stops what is left, `fedray up` starts a new one"
+        ]
+        os.kill(state.pid, signal.SIGCONT)  # now it notices, and stops what is left of its head
+        assert wait_until(lambda: not is_running(state.pid, state.pid_start), 120)
+        assert wait_until(lambda: not head_processes(service_dir), 15)
+        assert f"its gcs_server (pid {gcs}) exited" in (service_dir / "service.log").read_text()
+        assert not (service_dir / STATE_FILE).exists()
+    finally:
+        kill_everything(service_dir)
