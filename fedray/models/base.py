@@ -13,6 +13,9 @@ multi-level losses such as FedRCL's.
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 from torch import nn
 
@@ -54,3 +57,10 @@ class FedModel(nn.Module):
         """``(logits, features, taps)`` in one pass."""
         features, taps = self.encode_with_taps(x)
         return self.classify(features), features, taps
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """Log ``message`` once per process: every model fedray builds (the server's, each worker's, the
+    checks') reads the same files, and what they lack is one fact, said once."""
+    logging.getLogger("fedray.models").warning(message)

@@ -36,7 +36,6 @@ Every failure is a :class:`~fedray.config.ConfigError` naming the key, raised wh
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -49,7 +48,7 @@ from fedray.config import ConfigError
 from fedray.config.loader import short_repr
 from fedray.config.references import import_reference
 from fedray.config.schema import HF_PREFIX, TORCHVISION_PREFIX
-from fedray.models.base import FedModel
+from fedray.models.base import FedModel, warn_once
 from fedray.models.wrap import WrappedModule
 
 if TYPE_CHECKING:
@@ -199,13 +198,6 @@ def load_initial_weights(model: FedModel, path: str, strict: bool = True) -> set
             warn_once(f"model.init {path}: loaded {len(fitting)} of the model's {len(expected)} entries; skipped " + "; ".join(skipped))
     model.load_state_dict(fitting, strict=False)
     return set(fitting)
-
-
-@functools.cache
-def warn_once(message: str) -> None:
-    """Log ``message`` once per process: every model fedray builds (the server's, each worker's, the
-    checks') reads the same files, and what they lack is one fact, said once."""
-    logger.warning(message)
 
 
 def _some(items: list[str], limit: int = 3) -> str:

@@ -39,8 +39,8 @@ from torch import nn
 
 from fedray.config import ConfigError
 from fedray.config.loader import short_repr
+from fedray.models.base import warn_once
 from fedray.config.schema import HF_PREFIX
-from fedray.models.external import warn_once
 from fedray.models.wrap import WrappedModule, last_linear_name
 
 if TYPE_CHECKING:

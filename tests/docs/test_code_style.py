@@ -24,11 +24,6 @@ def test_the_tree_passes_ruff(command):
 
 
 # ---------------------------------------------------------------------------- import cycles
-#: Cycles known and left to their owners, each with why; the test fails when one of them is gone too,
-#: so that this list only ever names cycles that exist.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"fedray.models.external", "fedray.models.hf"}): "hf imports external's warn_once (models/* is another change's)",
-}
 
 
 def _module_names(roots: tuple[str, ...]) -> dict[str, Path]:
@@ -125,13 +120,8 @@ def test_no_import_cycles_in_fedray_and_benchmarks():
     what both sides need to the module that owns it (or a small one both import), never by hiding
     an import inside a function."""
     graph = import_graph()
-    found = {frozenset(cycle): cycle for cycle in import_cycles(graph)}
     lines = []
-    for key, cycle in found.items():
-        if key in KNOWN_CYCLES:
-            continue
+    for cycle in import_cycles(graph):
         edges = [f"{a} -> {b} (line {graph[a][b]})" for a in cycle for b in graph[a] if b in cycle]
         lines.append(" <-> ".join(cycle) + ":\n    " + "\n    ".join(edges))
     assert not lines, "import cycles:\n" + "\n".join(lines)
-    gone = [" <-> ".join(sorted(key)) for key in KNOWN_CYCLES if key not in found]
-    assert not gone, f"no longer a cycle, remove it from KNOWN_CYCLES: {gone}"

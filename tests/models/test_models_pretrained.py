@@ -50,7 +50,7 @@ def _one_line(error: pytest.ExceptionInfo) -> str:
 def test_an_imagenet_backbone_loads_non_strictly_under_a_new_head(imagenet_resnet18, caplog):
     state = torch.load(imagenet_resnet18, weights_only=True)
     config = ModelConfig(name="torchvision:resnet18", init=str(imagenet_resnet18), init_strict=False)
-    with caplog.at_level(logging.WARNING, logger="fedray.models.external"):
+    with caplog.at_level(logging.WARNING, logger="fedray.models"):
         torch.manual_seed(0)
         model = build_model(config, CIFAR)
         torch.manual_seed(0)
@@ -87,7 +87,7 @@ def test_non_strict_loading_skips_only_what_does_not_fit(tmp_path, caplog):
     state = SmallCNN(1, 8, 10).state_dict()
     partial = {key: value for key, value in state.items() if key != "classifier.bias"} | {"extra.weight": torch.ones(2)}
     torch.save(partial, tmp_path / "partial.pt")
-    with caplog.at_level(logging.WARNING, logger="fedray.models.external"):
+    with caplog.at_level(logging.WARNING, logger="fedray.models"):
         model = build_model(ModelConfig(init=str(tmp_path / "partial.pt"), init_strict=False), DIGITS)
     assert all(torch.equal(model.state_dict()[key], state[key]) for key in state if key != "classifier.bias")
     message = next(record.getMessage() for record in caplog.records if "partial.pt" in record.getMessage())
