@@ -86,9 +86,16 @@ def load(workload: list[str]) -> fedray.RunConfig:
 
 def run_fedray(config: fedray.RunConfig, out_dir: str) -> dict:
     clock = RoundClock()
-    summary = fedray.run_experiment(config.model_copy(update={"output": config.output.model_copy(update={"dir": out_dir})}), progress=False, extra_callbacks=[clock])
+    summary = fedray.run_experiment(
+        config.model_copy(update={"output": config.output.model_copy(update={"dir": out_dir})}), progress=False, extra_callbacks=[clock]
+    )
     last = fedray.read_metrics(summary.run_dir)[-1]
-    return {"steady_round_s": steady(clock.seconds), "headline": summary.headline, "final": summary.final_headline, "bytes_up": last.get("bytes_up")}
+    return {
+        "steady_round_s": steady(clock.seconds),
+        "headline": summary.headline,
+        "final": summary.final_headline,
+        "bytes_up": last.get("bytes_up"),
+    }
 
 
 def plain_loss(config: fedray.RunConfig, info) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -179,7 +186,9 @@ def lora_against_full(rounds: int) -> dict:
         base = fedray.load_config(REPO / "examples" / "lm_stdlib.yaml", LORA)
         info = build_federated_dataset(base.data, base.seed).info
         torch.manual_seed(0)
-        gpt2 = transformers.GPT2Config(vocab_size=info.num_classes, n_positions=info.seq_len, n_layer=2, n_head=2, n_embd=64, bos_token_id=0, eos_token_id=0)
+        gpt2 = transformers.GPT2Config(
+            vocab_size=info.num_classes, n_positions=info.seq_len, n_layer=2, n_head=2, n_embd=64, bos_token_id=0, eos_token_id=0
+        )
         transformers.GPT2LMHeadModel(gpt2).save_pretrained(model_dir)
         results = {}
         for name, adapters in (("LoRA r=8 on c_attn", []), ("full fine-tuning", ["model.adapters.method=none"])):
