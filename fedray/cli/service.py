@@ -3,14 +3,15 @@
 while it is up (see :mod:`fedray.runtime.service` and docs/guide/running.md).
 
 Exit codes: ``up``: 0 when stopped by Ctrl-C, SIGTERM, SIGHUP or ``fedray down`` (with ``--detach``:
-once it is up), 1 when a service is already running or its Ray did not come up or stopped, 2
-invalid input. ``down``: 0 when it stopped the service (or what a dead one left), 1 when none was
-running.
+once it is up), 1 when its Ray did not come up or stopped, 2 invalid input or a service already
+starting or running in the service directory. ``down``: 0 when it stopped the service (or what a
+dead one left), 1 when none was running.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -44,13 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--dashboard-port", type=int, default=0, metavar="P", help="the dashboard's port (default: 0, any free port)")
     up.add_argument("--detach", action="store_true", help="run in the background (output in the service directory's service.log)")
+    up.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # --detach: the lock it took, inherited by the service's process
     up.set_defaults(handler=up_command)
     down = subparsers.add_parser("down", help="stop the local service of `fedray up`", description="Stop exactly what `fedray up` started.")
     down.set_defaults(handler=down_command)
 
 
 def up_command(args: argparse.Namespace) -> int:
-    from fedray.runtime.service import LocalService, service_dir
+    from fedray.runtime.service import LocalService, acquire_lock, claim_lock, is_lock_of, lock_holder, service_dir
 
     results = Path(args.results).expanduser()
     if results.exists() and not results.is_dir():
@@ -63,10 +65,25 @@ def up_command(args: argparse.Namespace) -> int:
     if not 0 <= args.dashboard_port <= 65535:
         raise ConfigError("--dashboard-port", f"expected 0 to 65535, got {args.dashboard_port}", within=None)
     directory = service_dir()
+    if args.lock_fd is not None and is_lock_of(args.lock_fd, directory):  # started by `fedray up --detach`, which holds it
+        lock = args.lock_fd
+        claim_lock(lock)
+        os.set_inheritable(lock, False)  # never passed on to Ray's processes, which may outlive this one
+    else:
+        lock = acquire_lock(directory)
+    if lock is None:
+        holder = lock_holder(directory)
+        print(
+            f"fedray: a local service is already starting or running in {directory}"
+            + (f" (pid {holder})" if holder else "")
+            + "; `fedray down` stops it",
+            file=sys.stderr,
+        )
+        return 2
     if not _clear_the_way(directory):
-        return 1
+        return 2
     if args.detach:
-        return _detach(args)
+        return _detach(args, lock)
     results.mkdir(parents=True, exist_ok=True)
     service = LocalService(results, args.num_cpus, warm_workers, args.dashboard_port, directory)
     signal.signal(signal.SIGHUP, signal.default_int_handler)  # a closed terminal stops it like Ctrl-C (SIGTERM does already)
@@ -85,8 +102,9 @@ def up_command(args: argparse.Namespace) -> int:
 
 
 def _clear_the_way(directory: Path) -> bool:
-    """Refuse when the directory's state file names a running service; stop what a service that died
-    left (its ``fedray up`` killed, its head's processes still running), saying so."""
+    """With the lock held: refuse when the directory's state file names a running service (one of an
+    older fedray, without the lock); stop what a service that died left (its ``fedray up`` killed,
+    its head's processes still running), saying so."""
     from fedray.runtime.service import recorded_service, stop_service
 
     state = recorded_service(directory)
@@ -119,20 +137,22 @@ def _print_addresses(state: "ServiceState", state_path: Path) -> None:
     print("fedray run / tune / submit use it while it is up; Ctrl+C or `fedray down` stops it", flush=True)
 
 
-def _detach(args: argparse.Namespace) -> int:
-    """Start ``fedray up`` (the same options) in a new session, its output in ``service.log``, and
-    return once it has written its state file."""
+def _detach(args: argparse.Namespace, lock: int) -> int:
+    """Start ``fedray up`` (the same options) in a new session, its output in ``service.log``, handing
+    it the lock ``lock``, and return once it has written its state file."""
     from fedray.runtime.service import DETACHED_LOG, READY_TIMEOUT_S, STATE_FILE, ServiceState, service_dir
 
     directory = service_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     command = [sys.executable, "-m", "fedray.cli.main", "up", "--results", args.results, "--num-cpus", str(args.num_cpus)]
-    command += ["--dashboard-port", str(args.dashboard_port)]
+    command += ["--dashboard-port", str(args.dashboard_port), "--lock-fd", str(lock)]
     if args.warm_workers is not None:
         command += ["--warm-workers", str(args.warm_workers)]
     log_path = directory / DETACHED_LOG
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(lock,)
+        )
+    os.close(lock)  # the service's process holds it now
     deadline = time.monotonic() + READY_TIMEOUT_S + 30
     while (state := ServiceState.read(directory / STATE_FILE)) is None or state.pid != process.pid:
         if process.poll() is not None or time.monotonic() > deadline:
@@ -147,12 +167,16 @@ def _detach(args: argparse.Namespace) -> int:
 
 
 def down_command(args: argparse.Namespace) -> int:
-    from fedray.runtime.service import recorded_service, service_dir, stop_service
+    from fedray.runtime.service import lock_holder, recorded_service, service_dir, stop_service
 
     directory = service_dir()
     state = recorded_service(directory)
     if state is None:
-        print("fedray: no local service is running (`fedray up` starts one)", file=sys.stderr)
+        holder = lock_holder(directory)
+        if holder is not None:
+            print(f"fedray: the local service is still starting (pid {holder}); run `fedray down` again once it is up", file=sys.stderr)
+        else:
+            print("fedray: no local service is running (`fedray up` starts one)", file=sys.stderr)
         return 1
     if state.is_running():
         stopped = stop_service(state, directory)

@@ -29,6 +29,10 @@ even once orphaned. ``fedray down`` stops exactly those processes, after checkin
 ones recorded (start time, command line, the id), never ``ray stop`` (which stops every Ray
 instance of the machine); it removes the temp dir only when it is one that ``fedray up`` made.
 
+Only one ``fedray up`` runs per service directory: it holds an exclusive ``flock`` on
+``service.lock`` there for its whole life (``--detach`` hands it to the process it starts), which
+the kernel releases when the process ends, however it ends.
+
 Exit paths: ``fedray up`` stops its head on Ctrl-C, SIGTERM (``kill``, ``timeout``, ``fedray
 down``), SIGHUP (its terminal closed), an error, and when the head dies. SIGKILL (and the OOM
 killer) cannot be caught: the head is then told by the kernel (``prctl(PR_SET_PDEATHSIG)``: SIGTERM
@@ -40,6 +44,7 @@ crash, a reboot) is ignored with a one-line note and removed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -80,6 +85,7 @@ from fedray.runtime.processes import (
 SERVICE_DIR_VARIABLE = "FEDRAY_SERVICE_DIR"
 SERVICE_ID_VARIABLE = "FEDRAY_SERVICE_ID"  # in the environment of every process of the head: what `fedray down` finds them by
 STATE_FILE = "service.json"
+LOCK_FILE = "service.lock"  # flock'ed by the one `fedray up` of the directory, for its whole life
 TEMP_DIR_PREFIX = "fedray-ray-"  # the head's temp dir, in the system's (Ray's sockets need a short path)
 TOKEN_FILE = "auth_token"
 HEAD_LOG = "ray-head.log"
@@ -620,3 +626,44 @@ def stop_service(state: ServiceState, directory: Path | None = None, note: Calla
     elif Path(state.ray_temp_dir).exists():
         (note or _stderr_line)(f"fedray: left {state.ray_temp_dir} in place: not a temp dir of the service's Ray head")
     return len(processes)
+
+
+def acquire_lock(directory: Path) -> int | None:
+    """Take the exclusive lock of ``directory`` (``flock`` on its ``service.lock``) for this process,
+    writing its pid and start time there; the lock's file descriptor, or None when another process
+    holds it (a ``fedray up`` starting or running). The kernel releases it when the process ends."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    claim_lock(descriptor)
+    return descriptor
+
+
+def claim_lock(descriptor: int) -> None:
+    """Record this process as the holder of the lock ``descriptor`` (inherited from ``fedray up
+    --detach``, or just taken)."""
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{os.getpid()} {process_start_time(os.getpid()) or 0}\n".encode(), 0)
+
+
+def is_lock_of(descriptor: int, directory: Path) -> bool:
+    """Whether ``descriptor`` is the lock file of ``directory``, locked by this process (an inherited lock)."""
+    try:
+        same = os.path.samestat(os.fstat(descriptor), os.stat(directory / LOCK_FILE))
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held already through this open file: succeeds
+    except OSError:
+        return False
+    return same
+
+
+def lock_holder(directory: Path) -> int | None:
+    """The pid of the ``fedray up`` that holds the lock of ``directory`` per its lock file, if it runs."""
+    try:
+        pid, start = map(int, (directory / LOCK_FILE).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return pid if is_running(pid, start) else None

@@ -63,7 +63,7 @@ def test_up_run_uses_the_service_and_down_stops_exactly_it(tmp_path):
             assert response.status == 200
 
         again = fedray("up", "--detach", cwd=tmp_path, service_dir=service_dir)  # one service per directory
-        assert again.returncode == 1 and "already running" in again.stderr
+        assert again.returncode == 2 and f"already starting or running in {service_dir} (pid {state.pid})" in again.stderr
 
         runs = [fedray("run", *SMALL_RUN, "--set", "resources.num_workers=2", cwd=tmp_path, service_dir=service_dir) for _ in range(2)]
         for result in runs:

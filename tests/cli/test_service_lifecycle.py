@@ -1,6 +1,6 @@
-"""``fedray up`` / ``fedray down`` on the paths that are not the happy one: an
+"""``fedray up`` / ``fedray down`` on the paths that are not the happy one: two ``up`` at once, an
 ``up`` that dies or is stopped by a signal, a ``down`` that must stop what a dead service left and
-nothing else, and what the service listens on.
+nothing else, a run that joins a service whose head died, and what the service listens on.
 
 Real processes throughout: the console entry point in subprocesses, a real Ray head, real signals.
 The processes of a test's service are found, independently of fedray's own bookkeeping, by what
@@ -103,6 +103,40 @@ def up_detached(service_dir: Path, cwd: Path) -> ServiceState:
     state = ServiceState.read(service_dir / STATE_FILE)
     assert state is not None
     return state
+
+
+@pytest.mark.slow
+def test_two_ups_started_together_run_one_service_and_the_other_says_so(tmp_path):
+    service_dir = tmp_path / "service"
+    try:
+        ups = [
+            subprocess.Popen(
+                [sys.executable, "-m", "fedray.cli.main", "up", "--detach", "--warm-workers", "0", "--num-cpus", "2"],
+                cwd=tmp_path,
+                env=environment(service_dir),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        results = [(up.wait(timeout=400), *up.communicate()) for up in ups]
+        codes = sorted(code for code, _, _ in results)
+        assert codes == [0, 2], results
+        [(_, _, refused)] = [result for result in results if result[0] == 2]
+        [line] = refused.strip().splitlines()  # the pid it names: the other `up`, or the service's process it started
+        assert line.startswith(f"fedray: a local service is already starting or running in {service_dir} (pid ")
+        assert line.endswith("); `fedray down` stops it")
+        state = ServiceState.read(service_dir / STATE_FILE)
+        assert state is not None and state.is_running()
+        heads = [pid for pid, _ in head_processes(service_dir) if command_of(pid)[2:4] == ["start", "--head"]]
+        assert heads == [state.head_pid]  # one Ray head, the one the state file records
+
+        down = fedray("down", cwd=tmp_path, service_dir=service_dir)
+        assert down.returncode == 0, down.stderr
+        assert wait_until(lambda: not started_processes(service_dir), 30), started_processes(service_dir)  # nothing orphaned
+    finally:
+        kill_everything(service_dir)
 
 
 @pytest.mark.slow
