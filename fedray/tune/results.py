@@ -317,10 +317,14 @@ def _metric_type(name: str, values: list[Any]) -> pa.DataType:
 
 
 def _error_line(trial: Trial) -> str:
-    """The last line of the trial's error trace (the exception and its message)."""
+    """The last line of the trial's error trace (the exception and its message): from the ``error.txt``
+    that Tune has just written in the trial's local directory (a killed trial's included), else from
+    Tune's storage, where it arrives later."""
+    text = None
     try:
-        text = trial.get_error()
-    except Exception:  # the trace lives in Tune's storage; a missing file must not stop the sweep
-        text = None
+        local = getattr(trial, "error_file", None)
+        text = Path(local).read_text() if local and Path(local).is_file() else trial.get_error()
+    except Exception:  # a missing or unreadable file must not stop the sweep
+        pass
     lines = [line for line in str(text or "").splitlines() if line.strip()]
     return lines[-1].strip()[:500] if lines else "the trial failed (see the trial's error.txt under tune/)"

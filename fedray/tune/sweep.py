@@ -188,8 +188,14 @@ def _tune_environment(verbose: bool) -> Iterator[None]:
     no automatic TensorBoard logger (its event files hold no fedray metrics and its console hint
     names the wrong directory: each trial writes its own, see ``tensorboard_hint``), and, when
     quiet, Tune's older output engine, whose verbosity 0 prints nothing (the newer one always
-    prints a configuration box)."""
-    settings = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", **({} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"})}
+    prints a configuration box), and none of the tracebacks Tune logs for a trial that fails by
+    raising out of the trainable or by dying (a trial process or one of its workers killed: Ray's
+    ``ActorDiedError``, 20 lines). A trial that fails deterministically (diverged, its config, the
+    user's code) reports its error as a result instead (fedray.tune.trainable); any other failure is
+    the errored trial's one-line ``error`` in the table ``fedray tune`` prints and in ``trials.parquet``,
+    its whole trace in its ``error.txt`` under ``tune/``, and Tune still retries it (``max_failures``)."""
+    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_PRINT_ALL_TRIAL_ERRORS": "0"}
+    settings = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", **({} if verbose else quiet)}
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

@@ -1,6 +1,10 @@
 """``fedray tune`` when a trial is killed (the OOM killer, ``kill -9``): a real sweep in a separate
-``fedray tune`` process whose only trial's process is killed by SIGKILL in its first client update.
+``fedray tune`` process whose only trial loses its worker process, killed by SIGKILL in its first
+client update, past ``resources.max_worker_restarts``.
 
+- the terminal gets no Ray traceback (Tune's ``Trial task failed`` with the 20 lines of
+  ``ActorDiedError``), as for a diverged trial: the trial's one-line error in the table and in
+  ``trials.parquet``, its whole trace in Tune's ``error.txt``;
 - with no trial that succeeded, the top-trials table is one line saying so, not pandas' dump of an
   empty frame.
 """
@@ -13,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -30,7 +35,7 @@ USER_CODE = textwrap.dedent("""
         name = "killed_in_client_update"
 
         def client_update(self, ctx, broadcast):
-            os.kill(os.getpid(), signal.SIGKILL)  # the trial's process (one worker: the local backend)
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker's process, each time it is restarted
 """)
 
 
@@ -58,6 +63,18 @@ def killed_sweep(tmp_path_factory):
     )
     [sweep_dir] = list((directory / "sweeps").iterdir())
     return result, sweep_dir
+
+
+def test_a_killed_trial_prints_no_ray_traceback(killed_sweep):
+    result, sweep_dir = killed_sweep
+    assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-3000:])
+    assert "Traceback" not in result.stderr and "Trial task failed" not in result.stderr, result.stderr[-3000:]
+    assert "ActorDiedError" not in result.stderr
+    assert f"fedray: 1 trial(s) errored: see the table above and the error column of {sweep_dir / 'trials.parquet'}" in result.stderr
+    [row] = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
+    assert row["status"] == "ERROR"  # with its one-line error: the worker's death, not a pointer to error.txt
+    assert row["error"].startswith("fedray.runtime.errors.RunError: worker 0 died"), row["error"]
+    assert "errored trials" in result.stdout and row["trial_id"] in result.stdout.split("errored trials", 1)[1]
 
 
 def test_no_trial_succeeded_is_one_line_not_a_pandas_dump(killed_sweep):
