@@ -22,7 +22,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedray.algorithms.declarations import Requirement
 from fedray.algorithms.uploads import config_error, upload_problems
-from fedray.config import ConfigError
 from fedray.models import FedModel
 from fedray.tasks import TASKS, task_class
 
@@ -97,17 +96,12 @@ def is_personalised(algorithm: type[Algorithm]) -> bool:
     return PERSONAL_TEST_SPLITS in algorithm.requires
 
 
-def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
-    """Raise one :class:`ConfigError` listing every problem of ``algorithm`` with its config and ``model``
-    (the algorithm's built model), one line each: the ``type(algorithm).requires`` they do not meet (in
-    :data:`CHECK_ORDER`, then any an algorithm defines itself), the uploads that ``privacy``/``robust``
-    cannot handle (:func:`fedray.algorithms.uploads.upload_problems`), and what ``systems.compression``
-    (:func:`fedray.systems.compression.compression_problems`) and ``train.mode: async``
-    (:func:`fedray.systems.fedbuff.check_fedbuff`) need of its uploads; so a config with several
-    problems is refused once, naming all of them."""
-    from fedray.systems.compression import compression_problems
-    from fedray.systems.fedbuff import check_fedbuff
-
+def requirement_problems(algorithm: Algorithm, model: FedModel) -> list[tuple[str | None, str]]:
+    """Every problem of ``algorithm`` with its config and ``model`` (the algorithm's built model) as
+    ``(key, message)``: the ``type(algorithm).requires`` they do not meet (in :data:`CHECK_ORDER`, then
+    any an algorithm defines itself) and the uploads that ``privacy``/``robust`` cannot handle
+    (:func:`fedray.algorithms.uploads.upload_problems`). :func:`fedray.runtime.experiment.prepare_data`
+    adds what the systems model needs of the uploads and refuses them all in one message."""
     cls = type(algorithm)
     own = sorted(cls.requires - set(CHECK_ORDER), key=lambda requirement: requirement.keys)
     problems: list[tuple[str | None, str]] = [
@@ -115,11 +109,11 @@ def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
         for requirement in [r for r in CHECK_ORDER if r in cls.requires] + own
         if not requirement.is_met(algorithm.config, model, algorithm.info)
     ]
-    problems += upload_problems(algorithm)
-    problems += compression_problems(algorithm.config, algorithm)
-    try:
-        check_fedbuff(algorithm.config, algorithm)
-    except ConfigError as error:
-        problems.append((error.key, error.message))
+    return problems + upload_problems(algorithm)
+
+
+def check_requirements(algorithm: Algorithm, model: FedModel) -> None:
+    """:func:`requirement_problems` as one :class:`ConfigError` listing them all, one line each."""
+    problems = requirement_problems(algorithm, model)
     if problems:
         raise config_error(problems)

@@ -1,7 +1,7 @@
 """``fedray algorithms [NAME ...] [--format text|yaml] [--matrix]``: list the algorithms ``algorithm.name``
 can name, each with the tasks it serves (``data.task``, from its requirements), its ``algorithm.*``
 keys, their defaults and what they mean; with ``--matrix``, which feature works with which of them
-(:mod:`fedray.algorithms.support`, docs/support_matrix.md).
+(:mod:`fedray.runtime.support`, docs/support_matrix.md).
 
 The keys and defaults are read from each algorithm's pydantic ``Params`` model, the same model that
 validates a config, so the listing cannot drift from what ``fedray run`` accepts. Built-ins and
@@ -61,7 +61,7 @@ def algorithms_command(args: argparse.Namespace) -> int:
     names = list(args.names) or list(ALGORITHMS)
     classes = {name: get_algorithm_class(name) for name in names}
     if args.matrix:
-        from fedray.algorithms.support import cells_text, matrix_text, support_matrix
+        from fedray.runtime.support import cells_text, matrix_text, support_matrix
 
         if args.format != "text":
             raise ConfigError("--matrix", "prints text only; leave out --format", within=None)

@@ -23,11 +23,12 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from fedray.algorithms import algorithm_label, get_algorithm_class
+from fedray.algorithms import Algorithm, algorithm_label, get_algorithm_class
 from fedray.algorithms.vectorized import check_vectorizable, vectorized_path
-from fedray.algorithms.requirements import is_personalised
+from fedray.algorithms.requirements import is_personalised, requirement_problems
+from fedray.algorithms.uploads import config_error
 from fedray.cluster.placement import WorkerPlacement
-from fedray.models import parameter_counts
+from fedray.models import FedModel, parameter_counts
 from fedray.config import ConfigError, RunConfig, save_config, saved_config_path
 from fedray.config.privacy import default_delta, population_size
 from fedray.data import FederatedDataset, build_federated_dataset
@@ -54,7 +55,8 @@ from fedray.runtime.state_store import (
 from fedray.runtime.user_code import user_callbacks
 from fedray.runtime.worker import build_algorithm
 from fedray.systems import ROW_KEYS as SYSTEM_ROW_KEYS
-from fedray.systems.compression import keeps_client_state
+from fedray.systems.compression import compression_problems, keeps_client_state
+from fedray.systems.fedbuff import check_fedbuff
 from fedray.tracking import (
     Callback,
     HealthMonitor,
@@ -188,7 +190,6 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
     of one partition). The model must map a batch of the data to logits (a user's model, with its
     ``model.init`` weights) and meet what the algorithm ``requires`` (BatchNorm layers, per-client test
     splits...)."""
-    from fedray.algorithms.requirements import check_requirements
     from fedray.models.checks import check_model_output
     from fedray.systems import check_systems
 
@@ -229,12 +230,27 @@ def prepare_data(config: RunConfig, data: FederatedDataset | None = None) -> Fed
         raise
     except ValueError as error:
         raise ConfigError("model.name", f"{first_line(error)} (data.name={config.data.name} has {data.info.describe()})") from None
-    check_requirements(algorithm, model)
+    check_algorithm(algorithm, model)
     check_vectorizable(config, algorithm, model)  # train.vectorize=on: the real model, also one the meta device cannot build
     check_systems(config, data, algorithm, model)  # device and trace files, an impossible deadline
     if config.privacy.enabled:
         ServerUploadPath(config, algorithm)  # a noise multiplier calibrated from privacy.target_epsilon that adaptive clipping cannot use
     return data
+
+
+def check_algorithm(algorithm: Algorithm, model: FedModel) -> None:
+    """One :class:`ConfigError` listing every problem of ``algorithm`` with its config and built
+    ``model``, so that a config with several is refused once: its unmet requirements and the uploads
+    privacy/robust cannot handle (:func:`fedray.algorithms.requirements.requirement_problems`), and what
+    ``systems.compression`` (:func:`fedray.systems.compression.compression_problems`) and ``train.mode:
+    async`` (:func:`fedray.systems.fedbuff.check_fedbuff`) need of its uploads."""
+    problems = requirement_problems(algorithm, model) + compression_problems(algorithm.config, algorithm)
+    try:
+        check_fedbuff(algorithm.config, algorithm)
+    except ConfigError as error:
+        problems.append((error.key, error.message))
+    if problems:
+        raise config_error(problems)
 
 
 def check_synthetic_size(config: RunConfig) -> None:

@@ -1,6 +1,6 @@
-"""The support matrix (fedray.algorithms.support): docs/support_matrix.md is what the code computes
+"""The support matrix (fedray.runtime.support): docs/support_matrix.md is what the code computes
 now, so a change to a check, a declaration or an algorithm that changes a cell fails here until the
-page is regenerated (``python -m fedray.algorithms.support --markdown > docs/support_matrix.md``);
+page is regenerated (``python -m fedray.runtime.support --markdown > docs/support_matrix.md``);
 the cells follow the checks they come from; the text tables of ``fedray algorithms --matrix``. Whether
 each cell does what it says when run: test_support_walk.py."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedray.algorithms import ALGORITHMS
-from fedray.algorithms.support import (
+from fedray.runtime.support import (
     DEVIATES,
     FEATURES,
     LEGEND,
@@ -36,7 +36,7 @@ def matrix():
 def test_the_page_is_what_the_code_computes(matrix):
     assert PAGE.read_text() == matrix_markdown(matrix), (
         "docs/support_matrix.md and the code disagree: regenerate it with "
-        "`python -m fedray.algorithms.support --markdown > docs/support_matrix.md` and review the diff"
+        "`python -m fedray.runtime.support --markdown > docs/support_matrix.md` and review the diff"
     )
 
 

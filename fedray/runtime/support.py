@@ -26,8 +26,8 @@ The task columns come from the algorithm's task requirements
 (:func:`fedray.algorithms.requirements.supported_tasks`, the declarations ``check_requirements``
 reads), with the requirement's message as the reason.
 
-``python -m fedray.algorithms.support --markdown > docs/support_matrix.md`` writes the page
-(``tests/algorithms/test_support_matrix.py`` fails when the committed page differs from it).
+``python -m fedray.runtime.support --markdown > docs/support_matrix.md`` writes the page
+(``tests/runtime/test_support_matrix.py`` fails when the committed page differs from it).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal
 
 from fedray.algorithms.requirements import (
     BATCHNORM,
@@ -52,11 +52,16 @@ from fedray.algorithms.requirements import (
     is_personalised,
     supported_tasks,
 )
+from fedray.algorithms import ALGORITHMS, Algorithm, get_algorithm_class
+from fedray.algorithms.uploads import privacy_deviation
 from fedray.config import ConfigError, RunConfig
-
-if TYPE_CHECKING:
-    from fedray.algorithms.base import Algorithm
-    from fedray.data import FederatedDataset
+from fedray.config.privacy import RobustConfig
+from fedray.config.schema import CompressionConfig
+from fedray.data import FederatedDataset, build_federated_dataset
+from fedray.plugins import load_config
+from fedray.runtime.experiment import prepare_data
+from fedray.systems.compression import compression_deviation, keeps_client_state
+from fedray.tasks import TASKS
 
 Status = Literal["supported", "deviates", "refused"]
 SUPPORTED: Status = "supported"
@@ -90,13 +95,11 @@ Deviation = Callable[[RunConfig, "Algorithm", "FederatedDataset"], "str | None"]
 
 
 def _compression_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
-    from fedray.systems.compression import compression_deviation
 
     return compression_deviation(algorithm)
 
 
 def _privacy_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
-    from fedray.algorithms.uploads import privacy_deviation
 
     return privacy_deviation(algorithm)
 
@@ -111,7 +114,6 @@ def _personal_evaluation_deviation(config: RunConfig, algorithm: Algorithm, data
 
 
 def _client_state_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
-    from fedray.systems.compression import keeps_client_state
 
     if keeps_client_state(config, type(algorithm)):
         return None
@@ -163,9 +165,6 @@ def _choices(model: type, field_name: str) -> tuple[str, ...]:
 def _columns() -> tuple[Feature, ...]:
     """One column per built-in task, compression method (and top-k with error feedback) and robust rule,
     as the schema and :data:`fedray.tasks.TASKS` list them, and the other features."""
-    from fedray.config.privacy import RobustConfig
-    from fedray.config.schema import CompressionConfig
-    from fedray.tasks import TASKS
 
     tasks = [Feature(task, _HEADERS.get(task, task), f"data.task: {task}", task=task) for task in TASKS]
     compression = [
@@ -274,8 +273,6 @@ class _Checker:
 
     def check(self, overrides: Iterable[str]) -> tuple[RunConfig, FederatedDataset]:
         """The validated config and its data; raises :class:`ConfigError` as ``fedray run`` would."""
-        from fedray.plugins import load_config
-        from fedray.runtime.experiment import prepare_data
 
         config = load_config(None, list(overrides))
         key = f"{config.seed}:{config.data.model_dump_json()}"
@@ -284,7 +281,6 @@ class _Checker:
 
     def data(self, config: RunConfig) -> FederatedDataset:
         """The base's data (digits, as :data:`BASE` has it) whatever ``config``'s task."""
-        from fedray.data import build_federated_dataset
 
         data_config = config.data.model_copy(update={"task": "classification"})
         key = f"{config.seed}:{data_config.model_dump_json()}"
@@ -302,8 +298,6 @@ def _line(key: str | None, message: str) -> str:
 
 
 def _task_cell(checker: _Checker, algorithm: type[Algorithm], name: str, task: str) -> Cell:
-    from fedray.plugins import load_config
-    from fedray.tasks import TASKS
 
     overrides = (*BASE, f"algorithm.name={name}", f"data.task={task}")
     if task in supported_tasks(algorithm):
@@ -358,7 +352,6 @@ def _checking() -> Iterator[None]:
 def support_matrix(names: Iterable[str] | None = None, features: Iterable[str] | None = None) -> SupportMatrix:
     """The cells of ``names`` (default: every algorithm ``algorithm.name`` can name) with ``features``
     (keys of :data:`FEATURES`; default: all of them)."""
-    from fedray.algorithms import ALGORITHMS, get_algorithm_class
 
     names = list(names) if names is not None else list(ALGORITHMS)
     chosen = [FEATURE_KEYS[key] for key in features] if features is not None else list(FEATURES)
@@ -440,13 +433,13 @@ def matrix_markdown(matrix: SupportMatrix) -> str:
     lines = [
         "# Support matrix",
         "",
-        "<!-- Generated by `python -m fedray.algorithms.support --markdown > docs/support_matrix.md`; do not edit by hand:",
+        "<!-- Generated by `python -m fedray.runtime.support --markdown > docs/support_matrix.md`; do not edit by hand:",
         "     tests/algorithms/test_support_matrix.py fails when this page and the code disagree. -->",
         "",
         "Which feature works with which algorithm, as decided by the checks every run passes before Ray starts",
         "(`fedray algorithms --matrix` prints the same; `fedray algorithms NAME --matrix` one algorithm's cells). Each",
         "cell is a tiny run config, the algorithm's base config with the feature's keys, put through the validation",
-        "and `prepare_data` of `fedray run` (`fedray.algorithms.support`): a refusal's message is the cell's reason,",
+        "and `prepare_data` of `fedray run` (`fedray.runtime.support`): a refusal's message is the cell's reason,",
         "and a deviation is what the code declares the feature changes for that algorithm. A run of a ✓ or ~ cell",
         "reports the feature (smaller `bytes_up` under compression, `dp_epsilon` under DP, `malicious_clients` with",
         "attackers, `personal_*` metrics...), and a ✗ cell's run exits with code 2 and the reason, before Ray starts:",
@@ -493,7 +486,7 @@ def _requirement_title(requirement: Requirement) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedray.algorithms.support", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedray.runtime.support", description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help="only these algorithms (default: all)")
     parser.add_argument("--markdown", action="store_true", help="the page docs/support_matrix.md (default: the text table)")
     args = parser.parse_args(argv)

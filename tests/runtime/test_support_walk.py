@@ -1,4 +1,4 @@
-"""No silent combination: cells of the support matrix (fedray.algorithms.support) run for real, each
+"""No silent combination: cells of the support matrix (fedray.runtime.support) run for real, each
 doing what the matrix says. A supported cell (✓ or ~) is the cell's own config run by ``fedray run``
 on the local backend for one round, and its feature shows in the metrics: bytes_up smaller by exactly
 what compression saves on the model weights (and nothing more where the matrix says other uploads
@@ -23,7 +23,7 @@ import pytest
 import fedray
 from e2e_helpers import final_weights
 from fedray.algorithms import ALGORITHMS
-from fedray.algorithms.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell, support_matrix
+from fedray.runtime.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell, support_matrix
 from fedray.tracking import read_metrics
 from preloaded_cli import RAY_STARTED, run_fedray_preloaded
 
