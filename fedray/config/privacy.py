@@ -277,14 +277,6 @@ def default_delta(population: int) -> float:
     return population**-1.1
 
 
-def check_privacy_and_robust(config: RunConfig) -> None:
-    """The checks across sections, called by ``RunConfig``'s validator: one ValueError listing every
-    problem of :func:`privacy_and_robust_problems`, one line each."""
-    problems = privacy_and_robust_problems(config)
-    if problems:
-        raise ValueError("\n  ".join(problems))  # ConfigError.detail's layout: one problem a line
-
-
 def privacy_and_robust_problems(config: RunConfig) -> list[str]:
     """Every problem (one line each) of the ``privacy`` and ``robust`` sections with each other and with
     the population and cohort sizes."""

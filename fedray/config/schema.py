@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fedray.config.privacy import PrivacyConfig, RobustConfig, check_privacy_and_robust
+from fedray.config.privacy import PrivacyConfig, RobustConfig, privacy_and_robust_problems
 from fedray.config.references import is_reference
 
 DATASETS = (
@@ -603,13 +603,12 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _async_checks(self) -> "RunConfig":
-        check_async_mode(self)
-        return self
-
-    @model_validator(mode="after")
-    def _privacy_and_robust_checks(self) -> "RunConfig":
-        check_privacy_and_robust(self)
+    def _checks_across_sections(self) -> "RunConfig":
+        """train.mode's, privacy's and robust's problems with the other sections, all in one message
+        (ConfigError.detail's layout: one problem a line), so that a config with several is refused once."""
+        problems = async_mode_problems(self) + privacy_and_robust_problems(self)
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -642,36 +641,38 @@ _KEYS_SAVED_WHEN_SET = {
 }
 
 
-def check_async_mode(config: RunConfig) -> None:
-    """``train.mode`` against the sections it needs and excludes (ValueError with one line): called
-    by ``RunConfig``'s validator. Whether the algorithm's aggregation allows it is checked with the
-    algorithm (:func:`fedray.systems.fedbuff.check_fedbuff`)."""
+def async_mode_problems(config: RunConfig) -> list[str]:
+    """``train.mode`` against the sections it needs and excludes, one line each: checked by ``RunConfig``'s
+    validator. Whether the algorithm's aggregation allows it is checked with the algorithm
+    (:func:`fedray.systems.fedbuff.check_fedbuff`)."""
     systems, fedbuff = config.systems, config.systems.fedbuff
     if config.train.mode == "sync":
-        if fedbuff != FedBuffConfig():
-            raise ValueError("systems.fedbuff keys are set but train.mode is sync; set train.mode=async to use them")
-        return
+        return (
+            ["systems.fedbuff keys are set but train.mode is sync; set train.mode=async to use them"] if fedbuff != FedBuffConfig() else []
+        )
     if not systems.enabled:
-        raise ValueError("train.mode=async trains clients on the simulated clock; set systems.enabled=true")
+        return ["train.mode=async trains clients on the simulated clock; set systems.enabled=true"]
+    problems = []
     concurrency = fedbuff.concurrency_for(config.train.clients_per_round)
     if concurrency > config.data.num_clients:
-        raise ValueError(
+        problems.append(
             f"systems.fedbuff.concurrency ({concurrency}) must be <= data.num_clients ({config.data.num_clients}): "
             "a client trains one update at a time"
         )
     if fedbuff.buffer_size > concurrency:
         source = "systems.fedbuff.concurrency" if fedbuff.concurrency is not None else "train.clients_per_round"
-        raise ValueError(
+        problems.append(
             f"systems.fedbuff.buffer_size ({fedbuff.buffer_size}) must be <= the concurrency ({concurrency}, {source}): "
             "the server would wait for more updates than there are clients training"
         )
     if systems.selection.over_selection != 1 or systems.selection.deadline_seconds is not None:
-        raise ValueError(
+        problems.append(
             "systems.selection.over_selection and deadline_seconds close synchronous rounds, which train.mode=async has none of "
             "(systems.fedbuff.concurrency bounds the clients training at once); leave them at their defaults"
         )
     if config.privacy.enabled or config.robust.enabled:
-        raise ValueError(
+        problems.append(
             "train.mode=async aggregates updates trained from different model versions, which privacy.* and robust.* "
             "do not handle; use train.mode=sync with them"
         )
+    return problems

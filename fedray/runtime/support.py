@@ -8,7 +8,7 @@ the embedded digits data, 10 clients, 2 a round, one round, model ``mlp``, and w
 run`` decides about that config before Ray starts is the cell:
 
 - **refused** (✗): validating the config (:func:`fedray.plugins.load_config`: the schema, with its
-  checks across sections such as :func:`fedray.config.privacy.check_privacy_and_robust`, and the
+  checks across sections such as :func:`fedray.config.privacy.privacy_and_robust_problems`, and the
   algorithm's own keys) or :func:`fedray.runtime.experiment.prepare_data` (the data, the model,
   :func:`fedray.algorithms.requirements.check_requirements` with the upload, compression and
   asynchronous checks, the systems model, privacy's calibration) raises a

@@ -91,3 +91,19 @@ def test_a_trimmed_mean_that_would_trim_nothing_is_refused():
     config = load_config(None, [*SMALL, "train.clients_per_round=5", "robust.rule=trimmed_mean", "robust.trim_fraction=0.2"])
     assert config.robust.trim_fraction == 0.2
     load_config(None, [*SMALL, "train.clients_per_round=5", "robust.rule=trimmed_mean", "robust.trim_fraction=0"])  # asked for: the mean
+
+
+def test_async_with_privacy_and_a_robust_rule_is_one_message_naming_each_problem(tmp_path):
+    """train.mode's problems and privacy/robust's come from the schema's one check across sections."""
+    lines = refused(
+        [
+            "train.mode=async",
+            "systems.enabled=true",
+            "privacy.mechanism=central",
+            "privacy.noise_multiplier=1.0",
+            "robust.rule=median",
+        ],
+        tmp_path,
+    )
+    assert any("train.mode=async aggregates updates trained from different model versions" in line for line in lines), lines
+    assert any("robust.rule=median needs each client's update" in line for line in lines), lines
