@@ -19,6 +19,7 @@ import pytest
 import ray
 from ray.job_submission import JobDetails, JobStatus
 
+from child_signals import popen_interruptible
 from fedray.cli.main import main
 from fedray.cluster import jobs
 from fedray.config import ConfigError
@@ -176,7 +177,7 @@ def test_a_submitted_run_that_stops_suggests_resubmitting_its_resume(tmp_path):
         "output.name=run",
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "FEDRAY_SUBMIT_ADDRESS": "http://head:8265"}
-    process = subprocess.Popen(
+    process = popen_interruptible(  # stopped with SIGINT below
         [sys.executable, "-m", "fedray.cli.main", "run", "--quiet", *[a for o in overrides for a in ("--set", o)]],
         cwd=tmp_path,
         env=env,

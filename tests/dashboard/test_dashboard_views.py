@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from child_signals import popen_interruptible
 from test_dashboard_browser import needs_browser, open_dashboard, screenshot, wait_count
 from test_dashboard_data import age, serve, synthetic_round_rows, trial_row, write_comparison_sweep, write_meta, write_run_dir
 
@@ -133,7 +134,7 @@ def test_run_stopped_by_its_user_shows_as_stopped_not_crashed(tmp_path):
     overrides = [f"output.dir={runs}", "output.name=stopped", "resources.backend=local", "resources.num_workers=1", "data.num_clients=6"]
     overrides += ["train.clients_per_round=3", "train.rounds=500", "checkpoint.every=1", "output.tensorboard=false", "output.plots=false"]
     arguments = command + ["--quiet"] + [part for override in overrides for part in ("--set", override)]
-    process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = popen_interruptible(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # SIGINT below
     run_dir = runs / "stopped"
     try:
         deadline = time.monotonic() + 300

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from child_signals import popen_interruptible
 from test_e2e_tune import TINY_BASE, only_sweep_dir, rows_by_trial, wait_for
 from test_user_code import MODULE, USER_CODE
 
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def fedray_tune(directory: Path, *args: str, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
-    return subprocess.Popen([sys.executable, "-m", "fedray.cli.main", "tune", *args], cwd=directory, env=env, text=True, **popen)
+    return popen_interruptible([sys.executable, "-m", "fedray.cli.main", "tune", *args], cwd=directory, env=env, text=True, **popen)
 
 
 def test_a_diverging_trial_and_a_failing_plugin_end_at_once_without_a_retry(tmp_path):

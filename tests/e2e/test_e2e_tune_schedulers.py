@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from child_signals import popen_interruptible
 from fedray.cli.main import main
 from fedray import load_config
 from fedray.tracking import read_metrics
@@ -75,7 +76,7 @@ def test_a_resumed_asha_sweep_makes_the_decisions_of_an_uninterrupted_one(ray_se
     )
     sweeps = tmp_path / "sweeps"
     log = open(tmp_path / "interrupted.log", "w")
-    driver = subprocess.Popen(
+    driver = popen_interruptible(  # stopped with SIGINT below
         [sys.executable, "-m", "fedray.cli.main", "tune", str(sweep_file), "--address", ray_session.get_runtime_context().gcs_address],
         stdout=log,
         stderr=subprocess.STDOUT,
