@@ -36,6 +36,8 @@ REPRESENTATIVE = [
     *[("fedskc", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "async")],
     *[("scaffold", key) for key in ("topk_ef", "local_dp", "async")],
     *[("moon", key) for key in ("async", "attackers", "krum")],
+    *[("fedavg", key) for key in ("attack_alie", "attack_label_flip", "attack_backdoor", "attackers_per_round")],
+    ("fedproto", "attack_label_flip"),
     *[("ditto", key) for key in ("personalised", "fp16", "async")],
     ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
     ("hetero_ssfl", "personalised"),
@@ -125,9 +127,11 @@ def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, sy
     elif key in ("central_dp", "local_dp"):
         assert row["dp_epsilon"] > 0 and math.isfinite(row["dp_epsilon"])
         assert all(client["update_norm"] > 0 for client in clients)
-    elif key == "attackers":
+    elif key.startswith("attack"):
         assert row["malicious_clients"] >= 1
         assert row["malicious_clients"] == sum(client.get("malicious") == 1.0 for client in clients)
+        if key == "attack_backdoor":
+            assert 0 <= row["attack_success_rate"] <= 1
     elif key == "personalised":
         personal = [metric for metric in row if metric.startswith("personal_")]
         if cell.status == DEVIATES:  # the deviation the matrix states: the setting has no effect
