@@ -72,7 +72,7 @@ def up_command(args: argparse.Namespace) -> int:
     else:
         lock = acquire_lock(directory)
     if lock is None:
-        holder = lock_holder(directory)
+        holder = lock_holder(directory, wait=2.0)
         print(
             f"fedray: a local service is already starting or running in {directory}"
             + (f" (pid {holder})" if holder else "")

@@ -660,10 +660,18 @@ def is_lock_of(descriptor: int, directory: Path) -> bool:
     return same
 
 
-def lock_holder(directory: Path) -> int | None:
-    """The pid of the ``fedray up`` that holds the lock of ``directory`` per its lock file, if it runs."""
-    try:
-        pid, start = map(int, (directory / LOCK_FILE).read_text().split())
-    except (OSError, ValueError):
-        return None
-    return pid if is_running(pid, start) else None
+def lock_holder(directory: Path, wait: float = 0.0) -> int | None:
+    """The pid of the ``fedray up`` that holds the lock of ``directory`` per its lock file, if it
+    runs; looked for up to ``wait`` s (a holder writes its pid just after it takes the lock, and the
+    service's process again when ``--detach`` hands the lock over)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            pid, start = map(int, (directory / LOCK_FILE).read_text().split())
+            if is_running(pid, start):
+                return pid
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
