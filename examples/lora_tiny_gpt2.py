@@ -28,7 +28,9 @@ EXAMPLE = Path(__file__).with_name("lora_stdlib.yaml")
 def save_tiny_gpt2(directory: Path, vocab_size: int, positions: int) -> None:
     """A 2-layer, 64-wide GPT-2 (about 110k parameters with a 100-character vocabulary), seeded."""
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=positions, n_layer=2, n_head=2, n_embd=64, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=positions, n_layer=2, n_head=2, n_embd=64, bos_token_id=0, eos_token_id=0
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(directory)
 
 
