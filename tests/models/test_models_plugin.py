@@ -341,7 +341,12 @@ CLI_CASES = [
         {"w.pt": _bad_weights},
         "does not fit model SmallCNN: missing encoder.conv1.weight",
     ),
-    ("fedbn-on-cnn-small", ["run", "--set", "algorithm.name=fedbn"], {}, "model.name / model.norm: fedbn needs BatchNorm layers"),
+    (
+        "fedbn-on-cnn-small",
+        ["run", "--set", "algorithm.name=fedbn", "--set", "data.client_test_fraction=0.25", "--set", "eval.personalized=true"],
+        {},
+        "model.name / model.norm: fedbn needs BatchNorm layers",
+    ),
     (
         "fedper-without-client-test-splits",
         ["run", "--set", "algorithm.name=fedper"],
