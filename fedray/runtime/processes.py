@@ -90,14 +90,11 @@ def processes_with_environment(name: str, value: str) -> list[tuple[int, int]]:
     """(pid, start time) of every process of this user that started with ``name=value`` in its
     environment, which its children inherit: with a value no other process has (a random token),
     every process descending from the one it was given to, even one orphaned since (reparented to
-    init, out of :func:`process_tree`'s reach)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and has_environment(int(entry.name), name, value):
-            start = process_start_time(int(entry.name))
-            if start is not None:
-                found.append((int(entry.name), start))
-    return found
+    init, out of :func:`process_tree`'s reach). The descendants of each are included too: a process
+    that sets its title (Ray's agents do) can overwrite the environment that /proc shows of it."""
+    return process_tree(
+        *(int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and has_environment(int(entry.name), name, value))
+    )
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
@@ -116,8 +113,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return preexec
 
 
-def process_tree(root: int) -> list[tuple[int, int]]:
-    """(pid, start time) of ``root`` and every process below it."""
+def process_tree(*roots: int) -> list[tuple[int, int]]:
+    """(pid, start time) of each of ``roots`` and every process below them, each once."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -126,10 +123,11 @@ def process_tree(root: int) -> list[tuple[int, int]]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [root]
+    found, seen, stack = [], set(), list(roots)
     while stack:
         pid = stack.pop()
-        start = process_start_time(pid)
+        start = process_start_time(pid) if pid not in seen else None
+        seen.add(pid)
         if start is not None:
             found.append((pid, start))
             stack.extend(children.get(pid, []))

@@ -22,10 +22,14 @@ import psutil
 import pytest
 from test_service import SMALL_RUN, fedray
 
-from fedray.runtime.processes import is_running
+from fedray.runtime.processes import is_running, process_tree
 from fedray.runtime.service import STATE_FILE, ServiceState
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def _with_environment(entry: str) -> list[tuple[int, int]]:
@@ -35,10 +39,11 @@ def _with_environment(entry: str) -> list[tuple[int, int]]:
             continue
         try:
             if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                found.append((int(proc.name), int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])))
+                found.append((int(proc.name), _start_ticks(int(proc.name))))
         except (OSError, IndexError, ValueError):
             continue
-    return [process for process in found if process[0] != os.getpid()]
+    # and their descendants: a process that sets its title (Ray's agents do) may overwrite the environment /proc shows
+    return [process for process in process_tree(*(pid for pid, _ in found)) if process[0] != os.getpid()]
 
 
 def head_processes(service_dir: Path) -> list[tuple[int, int]]:
@@ -145,9 +150,7 @@ def test_two_ups_started_together_run_one_service_and_the_other_says_so(tmp_path
 def test_the_service_listens_on_the_loopback_only(tmp_path):
     service_dir = tmp_path / "service"
     try:
-        up = fedray("up", "--detach", "--warm-workers", "1", "--num-cpus", "2", cwd=tmp_path, service_dir=service_dir)
-        assert up.returncode == 0, up.stdout + up.stderr
-        state = ServiceState.read(service_dir / STATE_FILE)
+        state = up_detached(service_dir, tmp_path)
 
         def sockets() -> list[tuple[str, int, str]]:
             pids = {pid for pid, _ in head_processes(service_dir)} | {state.pid}
@@ -158,15 +161,23 @@ def test_the_service_listens_on_the_loopback_only(tmp_path):
                     found.append((connection.laddr.ip, connection.laddr.port, " ".join(command_of(connection.pid))[:80]))
             return found
 
-        def all_up() -> bool:  # the warm worker (it imports torch: minutes on a loaded machine) and the raylet's agents
-            commands = " ".join(command for _, _, command in sockets())
-            return all(name in commands for name in ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent"))
+        agents = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # they may come up after `up --detach` has returned
 
-        assert wait_until(all_up, 400), sockets()
+        def agents_up() -> bool:
+            commands = " ".join(command for _, _, command in sockets())
+            return all(name in commands for name in agents)
+
+        def names() -> list[str]:  # what listens, and what of the head's runs (a failure's message)
+            listening = sorted({command.split()[0].rsplit("/", 1)[-1] for _, _, command in sockets()})
+            running = sorted({" ".join(command_of(pid))[:40].split()[0].rsplit("/", 1)[-1] for pid, _ in head_processes(service_dir)})
+            return [f"listening: {listening}", f"running: {running}"]
+
+        if not wait_until(agents_up, 300):
+            pytest.fail("; ".join(names()))
         for _ in range(5):  # and a few seconds more, for a server that comes late
             listening = sockets()
-            # GCS, raylet (2), Ray's dashboard (2), agents (4), client server, autoscaler metrics, the worker, fedray's dashboard
-            assert len(listening) >= 12, listening
+            # GCS, raylet (2), Ray's dashboard (2), agents (3 or more), client server, autoscaler metrics, fedray's dashboard
+            assert len(listening) >= 10, listening
             assert [entry for entry in listening if entry[0] not in LOOPBACK] == []
             time.sleep(2)
         assert any(port == int(state.ray_address.rsplit(":", 1)[1]) for _, port, _ in listening)  # the GCS is among them
@@ -227,8 +238,11 @@ def test_down_stops_what_a_service_killed_with_its_head_left(tmp_path):
     service_dir = tmp_path / "service"
     try:
         state = up_detached(service_dir, tmp_path)
-        os.kill(state.pid, signal.SIGKILL)
+        # `fedray up` frozen first: killed while running, it would have the kernel SIGTERM its head (PDEATHSIG),
+        # and the head's clean stop could beat the SIGKILL below; its Ray processes would then all be gone.
+        os.kill(state.pid, signal.SIGSTOP)
         os.kill(state.head_pid, signal.SIGKILL)
+        os.kill(state.pid, signal.SIGKILL)
         time.sleep(5)
         left = head_processes(service_dir)
         assert left, "nothing outlived ray start: the case this test is about did not happen"
@@ -256,7 +270,7 @@ def test_down_acts_only_on_processes_and_a_temp_dir_that_are_the_services(tmp_pa
     (precious / "thesis.tex").write_text("years of work")
     bystanders = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
     try:
-        ticks = [int(Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) for process in bystanders]
+        ticks = [_start_ticks(process.pid) for process in bystanders]
         state = ServiceState(
             pid=bystanders[0].pid,
             pid_start=ticks[0],
