@@ -16,6 +16,8 @@ import pytest
 from fedray.runtime.processes import is_running, process_start_time, process_tree
 from fedray.runtime.service import STATE_FILE, ServiceState
 
+pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray heads, one at a time (pytest -n)
+
 SMALL_RUN = [
     "--quiet",
     "--set",

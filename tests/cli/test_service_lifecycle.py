@@ -25,6 +25,8 @@ from test_service import SMALL_RUN, fedray
 from fedray.runtime.processes import is_running, process_tree
 from fedray.runtime.service import STATE_FILE, ServiceState
 
+pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray heads, one at a time (pytest -n)
+
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 

@@ -22,6 +22,8 @@ import pytest
 from fedray.runtime.processes import process_start_time, signal_processes
 from fedray.testing.cluster import LocalNode
 
+pytestmark = pytest.mark.xdist_group("clusters")  # one worker starts these clusters, one at a time (pytest -n)
+
 REPO = Path(__file__).resolve().parents[2]
 DECOY_PORTS = {"--port": 6379, "--dashboard-port": 8265}  # Ray's defaults; its agent takes 52365, also the default
 CLIENT_VARIABLES = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

@@ -33,7 +33,7 @@ from fedray.tracking import read_metrics
 
 from e2e_helpers import final_weights, comparable_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("clusters")]  # with pytest -n: on one worker
 
 ROUNDS = 5
 RUN_CONFIG = f"""\
