@@ -169,30 +169,6 @@ def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_
     assert all(0 < r["bytes_up"] < r["bytes_down"] / 3 and r["sim_time"] > 0 for r in rounds)
 
 
-def test_run_survives_losing_the_second_node(cluster, work_dir, fault_free_run, tmp_path):
-    the_cluster, second, nodes = cluster
-    result = submit(the_cluster, work_dir, "--", "run", str(work_dir / "run.yaml"), "--quiet", "--set", f"output.dir={tmp_path}")
-    assert result.returncode == 0, result.stdout + result.stderr
-    job = job_id(result)
-    run_dir = tmp_path / "run"
-
-    deadline = time.monotonic() + 240
-    while not (run_dir.is_dir() and read_metrics(run_dir)):  # round 1 is done: both nodes have workers at work
-        assert time.monotonic() < deadline, fedray(the_cluster, "jobs", "logs", job).stdout[-3000:]
-        time.sleep(0.2)
-    second.kill()
-
-    followed = fedray(the_cluster, "jobs", "logs", job, "--follow", "--address", the_cluster.dashboard_url)
-    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
-    assert [node["node_id"] for node in the_cluster.alive_nodes()] == [nodes["head"]]
-    assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
-    placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
-    assert nodes["second"] in placements[0]["worker_node_ids"]
-    assert placements[-1]["worker_node_ids"] == [nodes["head"], nodes["head"]]  # recovered on the head
-    assert torch.equal(final_weights(run_dir), final_weights(fault_free_run))
-    assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(fault_free_run))
-
-
 # ------------------------------------------------------------------ stateful algorithms, state on S3
 
 STATEFUL = {
@@ -219,11 +195,14 @@ def state_objects(s3: LocalS3, prefix: str) -> list[str]:
 
 
 def start_run(cluster: LocalCluster, work_dir, log, mode: str, *args: str) -> subprocess.Popen:
-    """``fedray run ARGS`` on the cluster, as a submitted job followed to its end (``submit``) or as a
-    driver on this machine connected to the head (``driver``), its output going to the file ``log``."""
+    """``fedray run ARGS`` on the cluster, as a submitted job whose log ``fedray jobs logs --follow``
+    follows to its end (``submit``) or as a driver on this machine connected to the head (``driver``),
+    its output going to the file ``log``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | cluster.client_env
     if mode == "submit":
-        command = ["fedray", "submit", "--address", cluster.dashboard_url, "--working-dir", str(work_dir), "--follow", "--", "run", *args]
+        submitted = submit(cluster, work_dir, "--", "run", *args)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        command = ["fedray", "jobs", "logs", job_id(submitted), "--follow", "--address", cluster.dashboard_url]
     else:
         command = ["fedray", "run", *args, "--address", f"127.0.0.1:{cluster.gcs_port}"]
     with open(log, "w") as output:
@@ -243,7 +222,8 @@ def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, 
     node's worker move to its replacement on the head, which reads their state from S3; the run
     ends with the weights and metrics of an uninterrupted run (the same config on the local backend
     in this process, bit-identical to an uninterrupted cluster run: tests/runtime/test_backends.py).
-    MOON runs from a driver connected to the cluster, FedCoSR as a submitted job."""
+    MOON runs from a driver connected to the cluster, FedCoSR as a submitted job that
+    ``fedray jobs logs --follow`` follows to its end."""
     the_cluster, second, nodes = second_node(cluster)
     config = stateful_config(work_dir, algorithm)
     results = tmp_path / "runs"
@@ -264,6 +244,8 @@ def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, 
     reference_dir = results / "reference"
     placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
     assert nodes["second"] in placements[0]["worker_node_ids"]
+    assert placements[-1]["worker_node_ids"] == [nodes["head"], nodes["head"]]  # recovered on the head
+    assert [node["node_id"] for node in the_cluster.alive_nodes()] == [nodes["head"]]
     assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
     assert torch.equal(final_weights(run_dir), final_weights(reference_dir))
     assert comparable_rows(read_metrics(run_dir)) == comparable_rows(read_metrics(reference_dir))
