@@ -1,9 +1,11 @@
 """Schedulers end to end on the session's real local Ray: ASHA makes the same decisions after an
-interrupted sweep is resumed, and PBT clones a trial from another trial's engine checkpoint."""
+interrupted sweep is resumed (the interrupted ``fedray tune`` exits 130, as an interrupted ``fedray run``
+does, with the resume command), and PBT clones a trial from another trial's engine checkpoint."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +100,9 @@ def test_a_resumed_asha_sweep_makes_the_decisions_of_an_uninterrupted_one(ray_se
             driver.wait()
         log.close()
     [sweep_dir] = sweeps.iterdir()
+    printed = (tmp_path / "interrupted.log").read_text()
+    resume = f"; continue with `fedray tune --resume {sweep_dir}`"
+    assert re.search(r"fedray: interrupted with [1-9]\d* trial\(s\) unfinished" + re.escape(resume), printed), printed[-3000:]
     assert json.loads((sweep_dir / "meta.json").read_text())["status"] == "failed"
     at_interruption = decisions(sweep_dir)
     third = sorted(at_interruption)[-1] if len(at_interruption) == 3 else None
