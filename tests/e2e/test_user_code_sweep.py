@@ -1,8 +1,8 @@
 """A researcher's own model and own dataset together, from one module of theirs, under ``fedray tune``
 on a real local Ray (issue 40: "a user module with its own model and dataset under fedray run and
 fedray tune"): the sweep varies a key of the user's model (``model.kwargs.hidden``); the trials,
-created by Tune, import the module from the job's runtime_env; the data's natural client ids reach the
-client rows."""
+created by Tune, import the module from the job's runtime_env (a separate ``fedray tune`` process, a
+job of its own on the session's Ray); the data's natural client ids reach the client rows."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class WineNet(nn.Module):
 
 
 @pytest.mark.slow
-def test_fedray_tune_sweeps_a_user_models_key_on_a_user_dataset(tmp_path):
+@pytest.mark.ray
+def test_fedray_tune_sweeps_a_user_models_key_on_a_user_dataset(ray_session, tmp_path):
     (tmp_path / "lab.py").write_text(LAB_MODULE)
     base = {
         "data": {"name": "lab:vineyards", "partition": "natural", "num_clients": 4, "test_fraction": 0.25},
@@ -67,11 +68,11 @@ def test_fedray_tune_sweeps_a_user_models_key_on_a_user_dataset(tmp_path):
     }
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     result = subprocess.run(
-        [sys.executable, "-m", "fedray.cli.main", "tune", "sweep.yaml"],
+        [sys.executable, "-m", "fedray.cli.main", "tune", "sweep.yaml", "--address", ray_session.get_runtime_context().gcs_address],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""},
         timeout=600,
     )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
