@@ -1,6 +1,8 @@
 """The seed papers' global-model baselines end to end through ``run_experiment`` (tiny digits runs;
-two workers on the local backend, the crash-and-resume tests on the session's local Ray): each learns, reports finite metrics and keeps its own server / client
-state; the server optimizers' moments and SCAFFOLD's control variates survive a crash and resume."""
+two workers on the local backend, the crash-and-resume tests with one worker, also on the local
+backend: the resume is the engine's, bit-identical on Ray's workers): each learns, reports finite
+metrics and keeps its own server / client state; the server optimizers' moments and SCAFFOLD's
+control variates survive a crash and resume."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from fedray.runtime.state_store import decode_state
 
 from e2e_helpers import CrashAfterRound, final_weights
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = pytest.mark.slow
 
 
 def tiny_config(out_dir, *overrides: str):
@@ -57,7 +59,7 @@ def final_server_state(run_dir) -> dict:
 )
 def test_baseline_trains_end_to_end(tmp_path, overrides, server_keys, client_terms):
     # Two workers in this process (the local backend: bit-identical to two Ray workers, which
-    # tests/runtime/test_backends.py checks); the resume tests below run on Ray.
+    # tests/runtime/test_backends.py checks).
     summary = run_experiment(tiny_config(tmp_path, *overrides, "resources.backend=local"), progress=False)
     rows = read_metrics(tmp_path / "run", "round")
     assert [r["round"] for r in rows] == [1, 2, 3]
@@ -80,7 +82,7 @@ def test_baseline_trains_end_to_end(tmp_path, overrides, server_keys, client_ter
     [["algorithm.name=fedadam", "algorithm.server_lr=0.01"], ["algorithm.name=scaffold"]],
     ids=["fedadam", "scaffold"],
 )
-def test_resume_continues_the_server_and_client_state(ray_session, tmp_path, overrides):
+def test_resume_continues_the_server_and_client_state(tmp_path, overrides):
     common = [
         *overrides,
         "data.num_clients=4",

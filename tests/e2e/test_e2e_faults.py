@@ -1,7 +1,9 @@
 """Faults a run must survive or report clearly: damaged checkpoints and metric files, a reused run
 directory, a diverged run, a full disk, a killed server actor, SIGTERM to the driver.
 
-The Ray-free tests come first; the ones marked ``slow`` run real simulations on the session's Ray.
+The Ray-free tests come first; the ones marked ``slow`` run real simulations: the engine's own faults
+(damaged files on resume, a diverged run) on the local backend, the killed server actor on the
+session's real Ray (an actor's death is Ray's), SIGTERM in a real `fedray run` process.
 """
 
 from __future__ import annotations
@@ -160,9 +162,9 @@ class KillServerAfterRound(Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.ray
-def test_damaged_files_on_resume_are_reported_then_the_fallback_resumes(ray_session, tmp_path, tiny_overrides, capsys):
-    overrides = tiny_overrides + ["checkpoint.every=1", "checkpoint.keep=2"]
+def test_damaged_files_on_resume_are_reported_then_the_fallback_resumes(tmp_path, tiny_overrides, capsys):
+    # two workers on the local backend (the checks are the engine's; bit-identical to Ray's workers)
+    overrides = tiny_overrides + ["checkpoint.every=1", "checkpoint.keep=2", "resources.backend=local"]
     config = load_config(None, overrides)
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="simulated"):
@@ -198,9 +200,8 @@ def test_damaged_files_on_resume_are_reported_then_the_fallback_resumes(ray_sess
 
 
 @pytest.mark.slow
-@pytest.mark.ray
-def test_a_run_whose_every_update_is_excluded_fails(ray_session, tmp_path, tiny_overrides):
-    config = load_config(None, tiny_overrides + ["train.lr=1e30", "train.local_epochs=3"])
+def test_a_run_whose_every_update_is_excluded_fails(tmp_path, tiny_overrides):
+    config = load_config(None, tiny_overrides + ["train.lr=1e30", "train.local_epochs=3", "resources.backend=local"])
     with pytest.raises(
         TrainingDiverged, match=r"round 1: all 4 client updates were non-finite .* lower train\.lr \(now 1e\+30\)"
     ) as raised:

@@ -1,5 +1,5 @@
 """FedAvg learns on the real Fashion-MNIST files (Debian's ``dataset-fashion-mnist``), read where the
-package installs them, through ``run_experiment`` on the session's local Ray."""
+package installs them, through ``run_experiment`` (two workers on the local backend)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from fedray.tracking import read_metrics
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.ray,
     pytest.mark.skipif(
         not Path(SYSTEM_DATA_DIRS["fmnist"]).is_dir(),
         reason="Debian's dataset-fashion-mnist is not installed (apt-get install -y dataset-fashion-mnist)",
@@ -22,7 +21,7 @@ pytestmark = [
 ]
 
 
-def test_fedavg_learns_fashion_mnist_subset(ray_session, tmp_path: Path) -> None:
+def test_fedavg_learns_fashion_mnist_subset(tmp_path: Path) -> None:
     config = load_config(
         None,
         [
@@ -32,21 +31,22 @@ def test_fedavg_learns_fashion_mnist_subset(ray_session, tmp_path: Path) -> None
             "data.num_clients=10",
             "data.partition=iid",
             "train.clients_per_round=10",
-            "train.rounds=3",
+            "train.rounds=2",
             "train.local_epochs=1",
             "train.batch_size=32",
-            "eval.every=3",
-            "checkpoint.every=3",
+            "eval.every=2",
+            "checkpoint.every=2",
             f"output.dir={tmp_path}",
             "output.name=run",
             "output.tensorboard=false",
             "output.plots=false",
+            "resources.backend=local",
         ],
     )
     summary = run_experiment(config, progress=False)
     rows = read_metrics(tmp_path / "run", "round")
-    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert [r["round"] for r in rows] == [1, 2]
     print(f"Fashion-MNIST FedAvg: {summary.final_test_accuracy:.4f} after {len(rows)} rounds")
-    # Chance is 0.1 and an untrained cnn_small is near it; 3 rounds of FedAvg reach ~0.75
-    # (measured: 0.74 with seed 0) on the 10,000-image official test set.
+    # Chance is 0.1 and an untrained cnn_small is near it; 2 rounds of FedAvg reach ~0.71 (measured:
+    # 0.7116 with seed 0; 3 rounds 0.7405) on the 10,000-image official test set.
     assert summary.final_test_accuracy > 0.65

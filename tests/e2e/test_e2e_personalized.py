@@ -1,7 +1,10 @@
-"""End-to-end personalised FL on the session's real local Ray: FedCoSR's per-client state survives a
-killed worker and a resumed run, the server never sees a personal head, the reported personalised
-metrics are the paper's Acc. and Std. as PFLlib computes them, and FedCoSR beats FedAvg's global
-model on every client's own split under label skew."""
+"""End-to-end personalised FL with two workers on the local backend (in this process, bit-identical to
+two Ray workers: tests/runtime/test_backends.py): FedCoSR's per-client state survives a resumed run,
+the server never sees a personal head, the reported personalised metrics are the paper's Acc. and
+Std. as PFLlib computes them, and FedCoSR beats FedAvg's global model on every client's own split
+under label skew. A killed Ray worker whose clients are re-run with their stored state is
+tests/e2e/test_e2e_hetero_ssfl.py::test_killed_worker_on_ray_gives_the_same_federation (the suite's
+one real-Ray worker-kill test)."""
 
 from __future__ import annotations
 
@@ -10,15 +13,13 @@ import pytest
 import torch
 
 from fedray import load_config
-from fedray.plugins import build_config
 from fedray.runtime import list_checkpoints, load_checkpoint, prepare_data, resume_experiment, run_experiment
 from fedray.runtime.worker import ClientWorker
 from fedray.tracking import read_metrics
 
 from e2e_helpers import CrashAfterRound, comparable_rows
-from fault_injection import crash_overrides
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = pytest.mark.slow
 
 # 10 digits clients, half of them per round (so clients skip rounds and some join late), 4 rounds.
 SMALL = [
@@ -32,6 +33,7 @@ SMALL = [
     "output.plots=false",
     "output.name=run",
     "resources.num_workers=2",
+    "resources.backend=local",
 ]
 SHARDS = ["data.partition=shards", "data.classes_per_client=2"]
 DIRICHLET = ["data.partition=dirichlet", "data.alpha=0.1"]
@@ -42,21 +44,11 @@ def config_for(out, algorithm: str, partition: list[str]):
 
 
 @pytest.fixture(scope="module")
-def fedcosr_run(ray_session, tmp_path_factory):
+def fedcosr_run(tmp_path_factory):
     """An uninterrupted FedCoSR run on the pathological (shards) split."""
     config = config_for(tmp_path_factory.mktemp("fedcosr"), "fedcosr", SHARDS)
     run_experiment(config, progress=False)
     return config, f"{config.output.dir}/run"
-
-
-def test_killed_worker_gives_identical_personalised_metrics(fedcosr_run, tmp_path):
-    """A killed worker's clients are re-run elsewhere with their stored π, own φ and L_Reg."""
-    config, run_dir = fedcosr_run
-    faulty = build_config(config.to_dict(), [f"output.dir={tmp_path}", *crash_overrides("FedCoSR", 2, tmp_path / "crashed")])
-    run_experiment(faulty, progress=False)
-    assert load_checkpoint(list_checkpoints(tmp_path / "run")[-1][1])["worker_restarts"] == 1
-    assert comparable_rows(read_metrics(tmp_path / "run")) == comparable_rows(read_metrics(run_dir))
-    assert comparable_rows(read_metrics(tmp_path / "run", "client")) == comparable_rows(read_metrics(run_dir, "client"))
 
 
 def test_resume_gives_identical_personalised_metrics(fedcosr_run, tmp_path):

@@ -1,8 +1,9 @@
 """The client state store on a local path and on a real S3 endpoint (moto's server on loopback):
 atomic writes, round versions, the versions of every kept checkpoint, checksums, the worker cache.
-And, end to end on the session's Ray: a stateful run resumes from an older checkpoint after the
-newest one is deleted, a damaged client-state file stops the run naming client, round and file, and
-the check that every node reads the state location survives a node that dies while it runs."""
+And, end to end (two workers on the local backend, bit-identical to Ray's): a stateful run resumes
+from an older checkpoint after the newest one is deleted, a damaged client-state file stops the run
+naming client, round and file; on the session's Ray, the check that every node reads the state
+location survives a node that dies while it runs."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def test_locations_follow_output_dir_or_client_state_dir(tmp_path, s3):
         ClientStateStore("nosuch://x")
 
 
-# ------------------------------------------------------------------ end to end (session Ray)
+# ------------------------------------------------------------------ end to end
 
 RESUME_RUN = [
     "algorithm.name=fedper",
@@ -160,6 +161,7 @@ RESUME_RUN = [
     "output.name=run",
     "output.tensorboard=false",
     "output.plots=false",
+    "resources.backend=local",  # two workers in this process: the resume and the store are the engine's
 ]
 
 
@@ -170,8 +172,7 @@ def final_client_states(run_dir: Path, config) -> dict[int, dict[str, torch.Tens
 
 
 @pytest.mark.slow
-@pytest.mark.ray
-def test_stateful_run_resumes_from_the_older_kept_checkpoint(ray_session, tmp_path):
+def test_stateful_run_resumes_from_the_older_kept_checkpoint(tmp_path):
     """Issue: after the newest checkpoint is damaged and deleted, resuming from the older one must
     find the client state that checkpoint refers to, although later rounds superseded it; a damaged
     client-state file stops the resume with the client, round and file named."""
