@@ -1,5 +1,5 @@
 """The run view's details and a folder of sweeps, in Chromium: each trial's ``log.txt`` (followed while the trial runs,
-and a failed trial's traceback from a real ``fedray tune`` sweep), the simulated devices' metrics of a run with
+and a failed trial's traceback, written by the trial log around a real run that fails), the simulated devices' metrics of a run with
 ``systems.enabled`` (clients selected / aggregated / dropped / late and bytes per round, ``sim_time`` as the curves'
 x-axis), the run's client summary (each client metric across the clients of each round, and each client's
 participation), and several sweeps of one folder compared side by side.
@@ -10,15 +10,13 @@ are written in the sweep directory contract (``write_comparison_sweep``). Screen
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_dashboard_browser import TINY_RUN, needs_browser, open_dashboard, screenshot, tune_available, wait_count
+from test_dashboard_browser import needs_browser, open_dashboard, screenshot, wait_count
 from test_dashboard_data import serve, write_comparison_sweep, write_run_dir
 
 from fedray import load_config
@@ -211,59 +209,36 @@ def test_trial_log_keeps_warnings_and_the_traceback_of_a_run_that_fails(tmp_path
 
 
 @pytest.fixture(scope="module")
-def diverging_sweep(ray_session, tmp_path_factory) -> Path:
-    """A real ``fedray tune`` sweep of one trial that diverges in round 1 (``train.lr`` 1e15). (The logs of trials that
-    train are checked on ``test_dashboard_browser.py``'s sweep.)"""
-    if not tune_available():
-        pytest.skip("this checkout has no `fedray tune`")
-    from fedray.tune import load_sweep, run_sweep
+def failed_trial_sweep(tmp_path_factory) -> tuple[Path, str]:
+    """A sweep (in the sweep directory contract) whose errored trial's ``log.txt`` is written by the trial log around a
+    real run that diverges in round 1 (local backend, no Ray). (The log of a failed trial of a real ``fedray tune``
+    sweep on Ray is checked by ``test_e2e_tune_reuse.py::test_a_failed_trial_logs_its_traceback``.)"""
+    from fedray.runtime import run_experiment
+    from fedray.runtime.errors import TrainingDiverged
+    from fedray.tune.trial_log import TrialLog
 
     root = tmp_path_factory.mktemp("sweeps")
-    sweep_file = root / "lr.yaml"
-    sweep_file.write_text(
-        json.dumps(
-            {
-                "name": "lr",
-                "base": {},
-                "overrides": TINY_RUN + ["output.plots=false"],
-                "space": {"train.lr": {"grid": [1e15]}},
-                "metric": "test_accuracy",
-                "mode": "max",
-                "output": {"dir": str(root)},
-            }
-        )
-    )
-    return run_sweep(load_sweep(sweep_file)).sweep_dir
-
-
-def trials_by_lr(sweep: Path) -> dict[float, dict]:
-    return {row["train.lr"]: row for row in pq.read_table(sweep / "trials.parquet").to_pylist()}
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_a_failed_trial_logs_its_traceback(diverging_sweep):
-    diverged = trials_by_lr(diverging_sweep)[1e15]
-    assert diverged["status"] == "ERROR"
-    log = (diverging_sweep / diverged["run_dir"] / "log.txt").read_text()
-    assert f"trial {diverged['trial_id']} started from round 1 of 2" in log
-    # the server actor's warning of the round that fails, relayed to the trial before its error
-    assert re.search(r"round 1: \d+ non-finite client update\(s\) excluded: \[", log)
-    assert log.index("excluded") < log.index("the trial failed:\nTraceback (most recent call last):")
-    assert "fedray.runtime.errors.TrainingDiverged" in log and "training diverged" in log
+    sweep = root / "compare-20260102-030405"
+    errored = ("fedsc", 0.5, 1)
+    trial_id = write_comparison_sweep(sweep, status="finished", errored=errored)[errored]
+    run_dir = sweep / "trials" / trial_id
+    write_run_dir(run_dir, ["algorithm.name=fedavg", "train.lr=1e15"], [0.3], finished=False)
+    overrides = [o for o in SYSTEMS_RUN if not o.startswith("systems.")] + [f"output.dir={root}", "output.name=run", "train.lr=1e15"]
+    with pytest.raises(TrainingDiverged), TrialLog(run_dir, trial_id) as log:
+        run_experiment(load_config(None, overrides), run_dir=root / "run", progress=False, extra_callbacks=[log])
+    return sweep, trial_id
 
 
 @needs_browser
-@pytest.mark.slow
-@pytest.mark.ray
-def test_failed_trial_traceback_is_readable_in_the_dashboard(page, diverging_sweep):
-    diverged = trials_by_lr(diverging_sweep)[1e15]["trial_id"]
-    with serve(diverging_sweep) as server:
+def test_failed_trial_traceback_is_readable_in_the_dashboard(page, failed_trial_sweep):
+    sweep, diverged = failed_trial_sweep
+    assert "Traceback (most recent call last)" in (sweep / "trials" / diverged / "log.txt").read_text()
+    with serve(sweep) as server:
         open_dashboard(page, server)
         page.click(f"#trials-table tbody tr[data-trial-id='{diverged}'] td.status-ERROR")
         page.wait_for_function("document.getElementById('run-log').textContent.includes('Traceback (most recent call last)')")
         text = page.text_content("#run-log")
-        assert "TrainingDiverged" in text and str(diverging_sweep) not in text  # no absolute path of the served folder
+        assert "TrainingDiverged" in text and str(sweep) not in text  # no absolute path of the served folder
         assert page.evaluate("document.getElementById('run-log').classList.contains('failed')")
         assert "its traceback is at the end" in page.inner_text("#run-log-note")
         page.locator("#run-log").scroll_into_view_if_needed()

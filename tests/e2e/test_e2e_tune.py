@@ -184,39 +184,4 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(ray_session, tmp
     )
 
 
-def test_a_trial_that_fails_on_its_config_errors_once_and_is_listed(ray_session, tmp_path, capsys):
-    # Validation before Ray catches config errors; one that only shows in the trial when it loads its
-    # data (here: the sweep's per-algorithm overrides changed after validation to more clients than
-    # samples, as data missing on a worker node would) must end the trial at once (no retry despite
-    # max_failures), and be listed, not dropped.
-    from fedray.cli.tune import print_outcome
-    from fedray.tune import parse_sweep, run_sweep
-
-    spec = parse_sweep(
-        {
-            "name": "errs",
-            "base": {**TINY_BASE, "train": {**TINY_BASE["train"], "rounds": 2, "local_epochs": 1}},
-            "space": {"algorithm.name": {"grid": ["fedavg", "fedprox"]}},
-            "per_algorithm": {"fedprox": ["algorithm.mu=0.1"]},
-            "max_failures": 3,
-            "max_concurrent_trials": 2,
-            "output": {"dir": str(tmp_path / "sweeps")},
-        },
-        tmp_path / "errs.yaml",
-        tmp_path,
-    )
-    spec.per_algorithm["fedprox"].append("data.num_clients=5000")
-    outcome = run_sweep(spec)
-    assert (outcome.num_errors, outcome.num_unfinished, outcome.status) == (1, 0, "finished")
-    trials = {row["algorithm.name"]: row for row in rows_by_trial(outcome.sweep_dir).values()}
-    assert trials["fedavg"]["status"] == "TERMINATED" and trials["fedprox"]["status"] == "ERROR"
-    assert "data.num_clients (K=5000) exceeds the number of training samples" in trials["fedprox"]["error"]
-    # ended on its first attempt: Tune saw a normal end (no error file, no retry) and no round ran
-    tune_trial_dir = outcome.sweep_dir / "tune" / outcome.sweep_dir.name / trials["fedprox"]["trial_id"]
-    assert not list(tune_trial_dir.glob("error.*"))
-    assert not list((outcome.sweep_dir / "trials" / trials["fedprox"]["trial_id"]).glob("checkpoints/*"))
-    print_outcome(outcome.sweep_dir, 5)
-    printed = capsys.readouterr().out
-    assert "errored trials" in printed and trials["fedprox"]["trial_id"] in printed
-    comparison = (outcome.sweep_dir / "comparison.md").read_text()
-    assert "| fedprox | 1 errored |" in comparison and "### errored trials (1)" in comparison
+# A trial whose config fails only inside the trial: tests/tune/test_tune_api.py::test_a_trial_that_fails_on_its_config_errors_once_and_is_listed

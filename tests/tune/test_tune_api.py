@@ -1,6 +1,7 @@
 """``fedray.run_sweep`` from Python (a notebook, a script): the outcome it returns gives the trials
-table, the best trial and its run config; and a sweep after a run in the same process prints only
-its progress line, not the trials' own output."""
+table, the best trial and its run config; a trial whose config fails only inside the trial errors once
+and is listed; and a sweep after a run in the same process prints only its progress line, not the
+trials' own output."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -29,22 +31,41 @@ TINY_BASE = {
 }
 
 
-def write_sweep(directory: Path, base: dict, space: dict) -> Path:
+def write_sweep(directory: Path, base: dict, space: dict, **fields) -> Path:
     path = directory / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": base, "output": {"dir": str(directory / "sweeps")}, "space": space}))
+    path.write_text(yaml.safe_dump({"base": base, "output": {"dir": str(directory / "sweeps")}, "space": space, **fields}))
     return path
 
 
-def test_run_sweep_returns_the_trials_the_best_trial_and_its_config(ray_session, tmp_path):
-    sweep_file = write_sweep(tmp_path, TINY_BASE, {"train.lr": {"grid": [1e-6, 0.1]}})
-    outcome = fedray.run_sweep(fedray.load_sweep(sweep_file))
+@pytest.fixture(scope="module")
+def api_sweep(ray_session, tmp_path_factory):
+    """``fedray.run_sweep`` of FedAvg and FedProx at a useless and a good learning rate, two trials at a
+    time. Validation before Ray catches config errors; one that only shows in the trial when it loads
+    its data (here: the sweep's per-algorithm overrides changed after validation to more clients than
+    samples, as data missing on a worker node would) fails both FedProx trials."""
+    tmp_path = tmp_path_factory.mktemp("api")
+    spec = fedray.load_sweep(
+        write_sweep(
+            tmp_path,
+            TINY_BASE,
+            {"algorithm.name": {"grid": ["fedavg", "fedprox"]}, "train.lr": {"grid": [1e-6, 0.1]}},
+            per_algorithm={"fedprox": ["algorithm.mu=0.1"]},
+            max_failures=3,
+            max_concurrent_trials=2,
+        )
+    )
+    spec.per_algorithm["fedprox"].append("data.num_clients=5000")
+    return fedray.run_sweep(spec), tmp_path
 
+
+def test_run_sweep_returns_the_trials_the_best_trial_and_its_config(api_sweep):
+    outcome, tmp_path = api_sweep
     assert outcome.status == "finished" and outcome.sweep_dir.parent == tmp_path / "sweeps"
     trials = outcome.trials
-    assert isinstance(trials, pd.DataFrame) and len(trials) == 2
+    assert isinstance(trials, pd.DataFrame) and len(trials) == 4
     assert {"trial_id", "status", "train.lr", "best_metric", "best_round", "run_dir"} <= set(trials.columns)
     best = outcome.best_trial
-    assert best["train.lr"] == 0.1  # 1e-6 barely moves the model: chance level
+    assert (best["algorithm.name"], best["train.lr"]) == ("fedavg", 0.1)  # 1e-6 barely moves the model: chance level
     assert best["best_metric"] == trials["best_metric"].max()
     config = outcome.best_config
     assert isinstance(config, RunConfig)
@@ -52,12 +73,34 @@ def test_run_sweep_returns_the_trials_the_best_trial_and_its_config(ray_session,
     assert config == fedray.load_config(outcome.sweep_dir / best["run_dir"] / "config.yaml")
 
 
+def test_a_trial_that_fails_on_its_config_errors_once_and_is_listed(api_sweep, capsys):
+    # The trial must end at once (no retry despite max_failures), and be listed, not dropped.
+    from fedray.cli.tune import print_outcome
+
+    outcome, _ = api_sweep
+    assert (outcome.num_errors, outcome.num_unfinished, outcome.status) == (2, 0, "finished")
+    trials = pq.read_table(outcome.sweep_dir / "trials.parquet").to_pylist()
+    assert {(row["algorithm.name"], row["status"]) for row in trials} == {("fedavg", "TERMINATED"), ("fedprox", "ERROR")}
+    errored = [row for row in trials if row["algorithm.name"] == "fedprox"]
+    for row in errored:
+        assert "data.num_clients (K=5000) exceeds the number of training samples" in row["error"]
+        # ended on its first attempt: Tune saw a normal end (no error file, no retry) and no round ran
+        assert not list((outcome.sweep_dir / "tune" / outcome.sweep_dir.name / row["trial_id"]).glob("error.*"))
+        assert not list((outcome.sweep_dir / "trials" / row["trial_id"]).glob("checkpoints/*"))
+    print_outcome(outcome.sweep_dir, 5)
+    printed = capsys.readouterr().out
+    assert "errored trials" in printed and all(row["trial_id"] in printed.split("errored trials", 1)[1] for row in errored)
+    comparison = (outcome.sweep_dir / "comparison.md").read_text()
+    assert "| fedprox | 1 errored | 1 errored |" in comparison and "### errored trials (2)" in comparison, comparison
+
+
 SWEEP_AFTER_A_RUN = textwrap.dedent(
     """
     import sys
     import fedray
 
-    base = {**BASE, "resources": {**BASE["resources"], "backend": "ray"}, "output": {**BASE["output"], "dir": "runs"}}
+    base = {**BASE, "train": {**BASE["train"], "rounds": 1}, "resources": {**BASE["resources"], "backend": "ray"}}
+    base["output"] = {**BASE["output"], "dir": "runs"}
     fedray.run_experiment(fedray.build_config(base), progress=False)  # leaves its local Ray up
     print("MARK the sweep begins", flush=True)
     outcome = fedray.run_sweep(fedray.load_sweep(sys.argv[1]))
@@ -70,7 +113,7 @@ def test_a_sweep_after_a_run_in_the_same_process_prints_no_trial_output(tmp_path
     """``run_experiment`` leaves its local Ray up, copying every process's output to the caller: the
     sweep stops it and starts its own, so its trials' lines (Tune's "Checkpoint successfully
     created" for every round) stay out of the notebook."""
-    sweep_file = write_sweep(tmp_path, TINY_BASE, {"train.lr": {"grid": [0.1, 0.05]}})
+    sweep_file = write_sweep(tmp_path, TINY_BASE, {"train.lr": {"grid": [0.1]}})  # one trial of two rounds
     script = f"BASE = {TINY_BASE!r}\n{SWEEP_AFTER_A_RUN}"
     result = subprocess.run(
         [sys.executable, "-c", script, str(sweep_file)],
