@@ -539,6 +539,12 @@ class FedBuffConfig(Section):
     staleness_exponent: float = Field(
         0.5, ge=0, le=10, description="an update τ versions old is weighted (1 + τ)^-exponent (0.5: FedBuff's 1/√(1+τ); 0: no discount)"
     )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="an update more than this many versions old is discarded on arrival, counted as late, and does not fill the "
+        "buffer (SAFA's lag tolerance; null: every update is aggregated)",
+    )
 
     def concurrency_for(self, clients_per_round: int) -> int:
         """The concurrency C of a run with ``train.clients_per_round`` = ``clients_per_round``."""

@@ -91,7 +91,7 @@ class BufferedAggregation:
                 "round %d: %d non-finite client update(s) excluded: %s", round, len(results.excluded_clients), results.excluded_clients
             )
         row = engine.aggregate(round, results, len(buffer.clients))
-        row.update(self.systems.record_round(round, buffer.end_time, buffer.started, buffer.dropped, 0, results, broadcast_bytes))
+        row.update(self.systems.record_round(round, buffer.end_time, buffer.started, buffer.dropped, buffer.late, results, broadcast_bytes))
         row["staleness_mean"] = float(staleness.mean()) if len(staleness) else float("nan")
         row["staleness_max"] = float(staleness.max()) if len(staleness) else float("nan")
         in_training = self.schedule.versions_in_training()

@@ -30,7 +30,12 @@ The schedule of round t, from the time the last aggregation closed:
   nobody online does. A round therefore always ends: each client starts at most once in it.
 
 An update trained from version v and aggregated in round t is τ = t − 1 − v versions stale and
-weighted s(τ) = (1 + τ)^−a, a = ``staleness_exponent`` (:func:`staleness_weights`).
+weighted s(τ) = (1 + τ)^−a, a = ``staleness_exponent`` (:func:`staleness_weights`). With
+``max_staleness`` = τ_max set, an update that arrives with τ > τ_max is discarded: it does not fill
+the buffer, its client counts in the round's ``late`` and may start again from the current version (the
+lag tolerance of SAFA, Wu et al., "SAFA: a Semi-Asynchronous Protocol for Fast Federated Learning with
+Low Overhead", IEEE Trans. Computers 2021). The discarded update is not computed: its client's state
+(e.g. MOON's previous local model) stays what it was, as if it had not trained.
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ class Buffer:
     end_time: float  # simulated seconds at which the round closes
     started: int  # clients started since the last aggregation
     dropped: int  # clients that dropped out since the last aggregation
+    late: int  # updates discarded as more than systems.fedbuff.max_staleness versions old
 
 
 class BufferSchedule:
@@ -134,6 +140,7 @@ class BufferSchedule:
         self.num_clients = len(systems.train_flops)
         self.concurrency = config.systems.fedbuff.concurrency_for(config.train.clients_per_round)
         self.buffer_size = config.systems.fedbuff.buffer_size
+        self.max_staleness = config.systems.fedbuff.max_staleness
         self.clients = np.empty(0, dtype=np.int64)
         self.versions = np.empty(0, dtype=np.int64)
         self.finish = np.empty(0, dtype=np.float64)
@@ -146,7 +153,7 @@ class BufferSchedule:
         start_time = now = self.systems.clock
         finished = np.zeros(self.num_clients, dtype=bool)  # reported or dropped since the last aggregation
         arrived: list[tuple[int, int]] = []
-        started = dropped = 0
+        started = dropped = late = 0
         while len(arrived) < self.buffer_size:
             started += self._start_clients(round, now, finished, broadcast_bytes)
             if len(self.clients) == 0:  # nobody training, nobody can start
@@ -159,6 +166,9 @@ class BufferSchedule:
                 finished[self.clients[index]] = True
                 if self.dropped[index]:
                     dropped += 1
+                    continue
+                if self.max_staleness is not None and round - 1 - self.versions[index] > self.max_staleness:
+                    late += 1
                     continue
                 arrived.append((int(self.clients[index]), int(self.versions[index])))
                 if len(arrived) == self.buffer_size:  # the rest of this instant arrives after the aggregation
@@ -174,7 +184,7 @@ class BufferSchedule:
         if not arrived and now == start_time:  # nothing happened: let time pass, as an empty synchronous round
             now += self.config.systems.selection.empty_round_seconds
         arrivals = np.array(arrived, dtype=np.int64).reshape(-1, 2)
-        return Buffer(arrivals[:, 0], arrivals[:, 1], now, started, dropped)
+        return Buffer(arrivals[:, 0], arrivals[:, 1], now, started, dropped, late)
 
     def _start_clients(self, round: int, now: float, finished: np.ndarray, broadcast_bytes: int) -> int:
         """Fill the free slots at ``now`` with eligible clients; returns how many started."""
