@@ -18,7 +18,8 @@ from fedray.privacy.clipping import clip_to_norm
 from fedray.runtime.upload_path import ClientUploadPath, PrivacyBudgetExhausted, ServerUploadPath
 from fedray.testing import Federation
 from fedray import load_config
-from test_bad_inputs import assert_rejected, run_fedray
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected
 
 CENTRAL = ["privacy.mechanism=central", "privacy.clip=0.5", "privacy.noise_multiplier=0.8"]
 
@@ -223,8 +224,9 @@ BAD = [
 
 @pytest.mark.parametrize(("overrides", "expected"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
 def test_bad_privacy_input_exits_2_with_one_line(tmp_path, overrides, expected):
+    """The real ``fedray run``, each case a fork of a preloaded process (tests/preloaded_cli.py)."""
     args = ["run", "--set", "resources.num_workers=1", "--set", "train.rounds=1"]
     for override in overrides:
         args += ["--set", override]
-    result = run_fedray(args, tmp_path)
+    result = run_fedray_preloaded(args, tmp_path)
     assert_rejected(result, expected)

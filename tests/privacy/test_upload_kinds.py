@@ -17,7 +17,8 @@ from fedray.privacy.accountant import CentralAccountant, local_epsilon
 from fedray.privacy.mechanisms import part_noise_multiplier
 from fedray.runtime.upload_path import ClientUploadPath, ServerUploadPath
 from fedray.testing import Federation
-from test_bad_inputs import assert_rejected, run_fedray
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected
 
 #: Each algorithm with uploads besides its weights, and the settings that make them private.
 KINDS = {
@@ -233,10 +234,11 @@ BAD = [
 
 @pytest.mark.parametrize(("overrides", "expected"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
 def test_bad_upload_privacy_input_exits_2_with_one_line(tmp_path, overrides, expected):
+    """The real ``fedray run``, each case a fork of a preloaded process (tests/preloaded_cli.py)."""
     args = ["run", "--set", "resources.num_workers=1", "--set", "train.rounds=1"]
     for override in overrides:
         args += ["--set", override]
-    assert_rejected(run_fedray(args, tmp_path), expected)
+    assert_rejected(run_fedray_preloaded(args, tmp_path), expected)
 
 
 def test_kernel_matrices_stay_refused(tmp_path):

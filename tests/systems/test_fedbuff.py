@@ -2,7 +2,8 @@
 buffered update, exact agreement with synchronous rounds when nothing is stale, the schedule's
 invariants, rounds that cannot fill their buffer, reproducibility over worker counts and a resume,
 the sync default and bad inputs. Ray-free: real engines and workers in this process
-(fedray.testing.Federation, the local backend) and the real CLI for bad inputs."""
+(fedray.testing.Federation, the local backend) and the real CLI for bad inputs (each a fork of a preloaded
+process, tests/preloaded_cli.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from fedray.runtime import list_checkpoints, load_checkpoint
 from fedray.systems.fedbuff import buffered_results, staleness_weights
 from fedray.testing import Federation
 from fedray.tracking import read_metrics
-from test_bad_inputs import assert_rejected, run_fedray
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected
 
 REPO = Path(__file__).resolve().parents[2]
 ON = "systems.enabled=true"
@@ -262,7 +264,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("case", "overrides", "expected"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
 def test_bad_async_input_is_one_line_and_exit_2(tmp_path, case, overrides, expected):
     args = [arg for override in [*ASYNC, "resources.num_workers=1", *overrides] for arg in ("--set", override)]
-    assert_rejected(run_fedray(["run", *args], tmp_path), expected)
+    assert_rejected(run_fedray_preloaded(["run", *args], tmp_path), expected)
     assert not (tmp_path / "runs").exists()
 
 
@@ -277,4 +279,4 @@ def test_bad_async_input_is_one_line_and_exit_2(tmp_path, case, overrides, expec
 )
 def test_async_keys_out_of_place_are_refused(tmp_path, overrides, expected):
     args = [arg for override in ["resources.num_workers=1", *overrides] for arg in ("--set", override)]
-    assert_rejected(run_fedray(["run", *args], tmp_path), expected)
+    assert_rejected(run_fedray_preloaded(["run", *args], tmp_path), expected)

@@ -1,7 +1,7 @@
 """The systems model (``systems``): per-client draws, availability, the simulated clock, selection
 under over-selection, deadlines and dropouts, client state of dropped clients, resume, the off switch
 and bad inputs. Ray-free: real engines and workers in this process (fedray.testing.Federation, the
-local backend) and the real CLI for bad inputs."""
+local backend) and the real CLI for bad inputs (each a fork of a preloaded process, tests/preloaded_cli.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from fedray.systems.devices import Devices, build_devices
 from fedray.systems.draws import uniform
 from fedray.systems.selection import plan_round
 from fedray.testing import Federation
-from test_bad_inputs import assert_rejected, run_fedray
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected
 
 REPO = Path(__file__).resolve().parents[2]
 ON = "systems.enabled=true"
@@ -256,5 +257,5 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("case", "args", "prepare", "expected"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
 def test_bad_systems_input_is_one_line_and_exit_2(tmp_path, case, args, prepare, expected):
     prepare(tmp_path)
-    assert_rejected(run_fedray(["run", "--set", ON, "--set", "resources.num_workers=1", *args], tmp_path), expected)
+    assert_rejected(run_fedray_preloaded(["run", "--set", ON, "--set", "resources.num_workers=1", *args], tmp_path), expected)
     assert not (tmp_path / "runs").exists()
