@@ -25,6 +25,7 @@ TINY = [
 
 
 @pytest.mark.parametrize("rule", ["median", "none"])
+@pytest.mark.slow
 def test_a_backdoor_run_reports_attack_success_rate_in_every_evaluated_row(tmp_path, rule):
     config = fedray.load_config(
         REPO / "examples" / "backdoor_median_digits.yaml", [f"output.dir={tmp_path}", "output.name=run", *TINY, f"robust.rule={rule}"]

@@ -60,6 +60,7 @@ def test_split_from_keys_matches_the_keys_and_rejects_unknown_ones():
         ParameterSplit.from_keys(model, ["encoder.stem.1.num_batches_tracked"])
 
 
+@pytest.mark.slow
 def test_bn_entries_never_reach_the_server(fedbn_run):
     """Property (a): the BN positions are not in ``split.shared_index``, so never in ``sums``."""
     split = fedbn_run.algorithm.split

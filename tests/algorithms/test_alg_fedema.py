@@ -105,6 +105,7 @@ def test_target_never_reaches_the_server(tmp_path, algorithm):
     assert not torch.equal(targets[0], targets[1])
 
 
+@pytest.mark.slow
 def test_fedema_with_lam_0_is_fedu_always_taking_the_global_predictor(tmp_path):
     """FedEMA (c) = FedU (c): λ = 0 and μ_DAPU = +∞ are the same algorithm, bit for bit."""
     fedema = ssl_run(tmp_path, "fedema", rounds=3, extra=["algorithm.lam=0"])

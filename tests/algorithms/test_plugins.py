@@ -57,6 +57,7 @@ def subprocess_env() -> dict[str, str]:
 # --------------------------------------------------------------------- import direction, lazy API
 
 
+@pytest.mark.slow
 def test_config_does_not_import_the_algorithms_and_import_fedray_is_cheap():
     code = (
         "import sys, fedray.config\n"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from test_bad_inputs import run_fedray
 
 from fedray.cli.run import format_bytes, format_seconds
@@ -36,6 +38,7 @@ def fedray_run(directory: Path, overrides: list[str]):
     return run_fedray(args, directory), directory / "runs" / "run"
 
 
+@pytest.mark.slow
 def test_a_systems_run_sums_up_its_clients_bytes_and_simulated_time(tmp_path):
     result, run_dir = fedray_run(tmp_path, SYSTEMS_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,6 +55,7 @@ def test_a_systems_run_sums_up_its_clients_bytes_and_simulated_time(tmp_path):
     assert f"bytes              {format_bytes(totals['bytes_down'])} down, {format_bytes(totals['bytes_up'])} up\n" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_run_without_the_systems_model_prints_none_of_its_lines(tmp_path):
     result, run_dir = fedray_run(tmp_path, [key for key in SYSTEMS_RUN if not key.startswith("systems.")])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -64,6 +68,7 @@ def test_simulated_time_and_bytes_read_at_a_glance():
     assert [format_bytes(n) for n in (512, 1_500, 2_340_000, 7_000_000_000)] == ["512 B", "1.5 kB", "2.3 MB", "7.0 GB"]
 
 
+@pytest.mark.slow
 def test_a_run_in_which_no_client_is_ever_online_ends_with_a_warning_and_says_so(tmp_path):
     """Documented (docs/guide/systems.md): the run ends (exit 0), but not as an ordinary one."""
     nobody_online = [*SYSTEMS_RUN, "systems.availability.process=bernoulli", "systems.availability.probability=1e-12"]
@@ -80,6 +85,7 @@ def test_a_run_in_which_no_client_is_ever_online_ends_with_a_warning_and_says_so
     )
 
 
+@pytest.mark.slow
 def test_an_audited_run_prints_its_lower_bound_beside_the_accountants_epsilon(tmp_path):
     overrides = [key for key in SYSTEMS_RUN if not key.startswith("systems.")]
     audit = ["privacy.mechanism=central", "privacy.noise_multiplier=1.0", "privacy.audit.canaries=200"]

@@ -355,6 +355,7 @@ def group_rows(page) -> list[list[str]]:
 
 
 @needs_browser
+@pytest.mark.slow
 def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
     sweep = tmp_path / "compare-20260102-030405"
     ids = write_comparison_sweep(sweep, running=("fedavg", 0.5, 1))
@@ -432,6 +433,7 @@ def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_folder_of_runs_of_different_algorithms_with_a_crashed_run(page, tmp_path):
     runs = tmp_path / "runs"
     write_run_dir(runs / "fedavg-1", ["algorithm.name=fedavg"], [0.3, 0.5, 0.6])
@@ -458,6 +460,7 @@ def test_folder_of_runs_of_different_algorithms_with_a_crashed_run(page, tmp_pat
 
 
 @needs_browser
+@pytest.mark.slow
 def test_empty_then_half_written_then_valid_then_deleted_folder(page, tmp_path):
     sweep = tmp_path / "live-sweep"
     sweep.mkdir()

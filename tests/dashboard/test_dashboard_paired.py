@@ -103,6 +103,7 @@ def test_a_sweep_without_algorithm_name_has_no_paired_comparison(tmp_path):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_sweep_view_shows_the_paired_table(tmp_path, page):
     sweep = tmp_path / "algorithms-20260102-030405"
     write_algorithm_sweep(sweep)

@@ -126,6 +126,7 @@ def test_importance_needs_two_finished_trials_that_differ(tmp_path):
 # A run its user stopped (a real fedray run, no browser)
 
 
+@pytest.mark.slow
 def test_run_stopped_by_its_user_shows_as_stopped_not_crashed(tmp_path):
     """``fedray run`` stopped by SIGINT (Ctrl-C) after its first round exits 130 and leaves ``stopped.json``:
     the dashboard shows the run as STOPPED (with how to resume it), even hours later, never as STALLED."""
@@ -165,6 +166,7 @@ def test_run_stopped_by_its_user_shows_as_stopped_not_crashed(tmp_path):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_importance_history_and_timeline_of_a_sweep(page, tmp_path):
     pytest.importorskip("optuna", reason="needs optuna (pip install -e '.[test]')")
     sweep = tmp_path / "compare-20260102-030405"
@@ -216,6 +218,7 @@ def test_importance_history_and_timeline_of_a_sweep(page, tmp_path):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_filter_export_and_brush_the_trials(page, tmp_path):
     sweep = tmp_path / "compare-20260102-030405"
     ids = write_comparison_sweep(sweep)
@@ -294,6 +297,7 @@ LONG_RUNS = {  # a folder of runs that differ in many keys: long labels
 
 
 @needs_browser
+@pytest.mark.slow
 def test_modebars_leave_legends_and_titles_readable_and_long_names_are_cut(page, tmp_path):
     runs = tmp_path / "runs"
     for index, (name, overrides) in enumerate(LONG_RUNS.items()):

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference"
 
 
+@pytest.mark.slow
 def test_the_docs_site_builds_strictly(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
         pytest.skip('mkdocs and mkdocstrings are not installed (pip install -e ".[docs]"); the strict docs build was not checked')

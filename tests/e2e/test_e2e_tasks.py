@@ -55,6 +55,7 @@ def test_a_regression_reports_rmse_mae_r2_lowest_rmse_best_and_one_or_two_worker
     assert (info["task"], info["headline"], info["headline_mode"]) == ("regression", "test_rmse", "min")
 
 
+@pytest.mark.slow
 def test_language_modelling_reports_perplexity_per_token(tmp_path):
     summary = run(tmp_path, "lm_stdlib.yaml", "lm", ["data.max_samples_per_client=4", "train.clients_per_round=4", "data.seq_len=16"])
     last = round_rows(summary.run_dir)[-1]
@@ -64,6 +65,7 @@ def test_language_modelling_reports_perplexity_per_token(tmp_path):
     assert summary.headline == "test_perplexity" and summary.final_headline == last["test_perplexity"]
 
 
+@pytest.mark.slow
 def test_federated_lora_exchanges_only_the_adapters(tmp_path):
     model_dir = tmp_path / "gpt2"
     data = fedray.load_config(REPO / "examples" / "lm_stdlib.yaml", ["data.seq_len=16"]).data

@@ -397,6 +397,7 @@ def test_fedray_run_trains_the_users_model(tmp_path):
     assert (saved["name"], saved["kwargs"]) == ("nets:PlainCNN", {"width": 8})
 
 
+@pytest.mark.slow
 def test_the_example_model_module_runs_every_way_its_docstring_shows(tmp_path):
     """examples/plugins/my_model.py with examples/my_model_digits.yaml (copied, laid out as in examples/),
     checked as `fedray run` does before Ray starts, from the module's directory as its docstring says."""

@@ -93,6 +93,7 @@ def audited_run(directory: Path, overrides: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())["final_metrics"]
 
 
+@pytest.mark.slow
 def test_with_noise_the_bound_stays_below_the_accountants_epsilon(tmp_path):
     row = audited_run(tmp_path, ["train.rounds=3", "privacy.noise_multiplier=1.0"])
     assert row["audit_guesses"] == 1000 and row["audit_canaries"] == 2000
@@ -100,6 +101,7 @@ def test_with_noise_the_bound_stays_below_the_accountants_epsilon(tmp_path):
     assert row["audit_epsilon_lower_bound"] < row["dp_epsilon"]  # ...but no more than the accountant allows
 
 
+@pytest.mark.slow
 def test_without_noise_the_bound_is_far_above_any_target(tmp_path):
     row = audited_run(tmp_path, ["train.rounds=2", "privacy.noise_multiplier=0"])
     assert math.isinf(row["dp_epsilon"])

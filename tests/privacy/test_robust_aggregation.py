@@ -65,6 +65,7 @@ def test_robust_rules_collect_per_client_updates(tmp_path):
     assert results.payloads == {} and float(results.sums["num_samples"]) == 1.0  # the rule's result, used as a mean
 
 
+@pytest.mark.slow
 def test_sign_flipping_clients_wreck_fedavg_but_not_the_median(tmp_path):
     """30 % of the clients upload −4Δ: the mean moves against the honest clients' direction; the
     coordinate-wise median of 10 updates with 3 attackers stays among the honest ones."""

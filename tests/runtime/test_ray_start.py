@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fedray.runtime.ray_start import ACTOR_MODULE
 from fedray.runtime.server import Server
 
@@ -67,6 +69,7 @@ def test_the_preloaded_module_is_the_actors_module():
     assert ACTOR_MODULE == Server.__module__
 
 
+@pytest.mark.slow
 def test_the_shutdown_of_a_local_start_stops_every_process():
     result = run_script(
         """

@@ -174,6 +174,7 @@ print(default, free_bytes_kept())
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc")
+@pytest.mark.slow
 def test_worker_keeps_freed_memory_instead_of_handing_it_back():
     """By default glibc maps a 64 MB block on its own and unmaps it on free, so the next one faults all
     its pages in again; a worker keeps it in the heap. (Counting the page faults themselves is not

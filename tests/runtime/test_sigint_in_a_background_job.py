@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 STOPPED_BY_SIGINT = "tests/dashboard/test_dashboard_views.py::test_run_stopped_by_its_user_shows_as_stopped_not_crashed"
 
 
+@pytest.mark.slow
 def test_the_sigint_test_passes_in_a_pytest_that_ignores_sigint():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `&` does: inherited by the pytest started here
     try:

@@ -82,6 +82,7 @@ def wait_for_workers_module(tmp_path, monkeypatch):
     sys.modules.pop("startprobe", None)
 
 
+@pytest.mark.slow
 def test_workers_boot_with_the_server_and_are_killed_at_the_end(ray_session, wait_for_workers_module, tiny_overrides, tmp_path):
     config = load_config(
         None,
@@ -207,6 +208,7 @@ def test_client_sgd_steps_exactly_like_torch_sgd():
     assert not torch.equal(ours[0], train(lambda parameters: ClientSGD(parameters, lr=0.1, momentum=0.0, weight_decay=0.0))[0])
 
 
+@pytest.mark.slow
 def test_a_client_update_does_not_import_torch_dynamo(tmp_path):
     """torch.optim optimisers import torch._dynamo (~1.5 CPU-s per worker process); SGD clients do not."""
 

@@ -55,6 +55,7 @@ def endpoint(s3):
     OUTAGE.clear()
 
 
+@pytest.mark.slow
 def test_s3_going_away_mid_run_is_one_line_and_the_resume_is_bit_identical(tmp_path, endpoint, capsys):
     state_dir = endpoint.uri(f"{tmp_path.name}/state")
     overrides = FEDPER + LOCAL_RUN + [f"output.dir={tmp_path / 'runs'}", "output.name=exp1", f"output.client_state_dir={state_dir}"]

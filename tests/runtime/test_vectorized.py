@@ -213,6 +213,7 @@ def partial_of(worker: ClientWorker, tasks, broadcast):
 
 
 @pytest.mark.parametrize(("algorithm", "model"), [("fedavg", "cnn_small"), ("fedprox", "mlp")])
+@pytest.mark.slow
 def test_a_workers_round_in_groups_equals_the_loop(tmp_path, algorithm, model):
     """Groups of any size give the loop's result. An MLP's client gives the same bits in any group (a
     stack of matrix products computes each client's alone); a CNN's within the tolerance (a grouped

@@ -4,6 +4,8 @@ nothing. Ray-free: real engines in this process (fedray.testing.Federation)."""
 
 from __future__ import annotations
 
+import pytest
+
 from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected
 from test_fedbuff import STALE, run_async
@@ -13,6 +15,7 @@ from fedray.testing import Federation
 ROUNDS = 6
 
 
+@pytest.mark.slow
 def test_updates_older_than_the_bound_are_discarded_and_counted_late(tmp_path):
     bounded = run_async(Federation(tmp_path / "bounded", [*STALE, "systems.fedbuff.max_staleness=0"]), ROUNDS)
     unbounded = run_async(Federation(tmp_path / "unbounded", STALE), ROUNDS)
