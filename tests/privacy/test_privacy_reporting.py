@@ -1,4 +1,5 @@
-"""ε everywhere a run reports (issue 44, item 5), on real ``fedray run`` processes (local backend): the
+"""ε everywhere a run reports (issue 44, item 5), on real ``fedray run`` commands (local backend, each a
+fork of a preloaded process, tests/preloaded_cli.py; on Ray, a process of its own): the
 round rows of ``metrics.parquet``, the progress line and TensorBoard's event file carry the
 accountant's ε of each round (the dashboard's run view: tests/dashboard/test_dashboard_privacy.py); a
 run whose next round would pass ``privacy.target_epsilon`` stops before it with one line and exit
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import run_fedray
 
 from fedray.config.privacy import default_delta
@@ -32,11 +34,11 @@ PRIVATE_RUN = [
 ]
 
 
-def fedray_run(directory: Path, overrides: list[str]):
+def fedray_run(directory: Path, overrides: list[str], own_process: bool = False):
     args = ["run"]
     for override in [*PRIVATE_RUN, f"output.dir={directory / 'runs'}", *overrides]:
         args += ["--set", override]
-    result = run_fedray(args, directory)
+    result = (run_fedray if own_process else run_fedray_preloaded)(args, directory)
     (run_dir,) = (directory / "runs").iterdir()
     return result, run_dir
 
@@ -80,7 +82,8 @@ def test_tensorboard_has_an_epsilon_curve(private_run):
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(tmp_path, backend):
     target = (expected_epsilons(3)[1] + expected_epsilons(3)[2]) / 2  # between rounds 2 and 3
-    result, run_dir = fedray_run(tmp_path, ["train.rounds=5", f"privacy.target_epsilon={target}", f"resources.backend={backend}"])
+    overrides = ["train.rounds=5", f"privacy.target_epsilon={target}", f"resources.backend={backend}"]
+    result, run_dir = fedray_run(tmp_path, overrides, own_process=backend == "ray")  # Ray's start and stop in a process of its own
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert re.findall(r"fedray: [^\r\n]*", result.stderr) == [
@@ -100,7 +103,7 @@ def test_a_budget_that_round_1_would_pass_stops_the_run_with_the_budget_line_and
     args = ["run"]
     for override in [*PRIVATE_RUN, f"output.dir={tmp_path / 'runs'}", "train.rounds=3", f"privacy.target_epsilon={first / 2}"]:
         args += ["--set", override]
-    result = run_fedray(args, tmp_path)
+    result = run_fedray_preloaded(args, tmp_path)
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert re.findall(r"fedray: [^\r\n]*", result.stderr) == [

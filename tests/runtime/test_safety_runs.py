@@ -39,6 +39,7 @@ from fedray.tracking import Callback, read_metrics
 from fedray.tracking.metrics_file import METRICS_FILE, list_parts
 
 from e2e_helpers import CrashAfterRound, comparable_rows, final_weights, round_rows
+from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +64,12 @@ def fedray_cli(*args: str, cwd: Path) -> subprocess.Popen:
     )
 
 
+def fedray_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``fedray ARGS`` run to its end by a fork of a preloaded process (tests/preloaded_cli.py): its exit
+    code and output are a ``python -m fedray.cli.main`` process's, without the imports."""
+    return run_fedray_preloaded(list(args), cwd)
+
+
 def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
     stdout, stderr = process.communicate(timeout=300)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
@@ -83,11 +90,29 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted runs the tests compare with, each run once for the module: name -> summary."""
+    directory, runs = tmp_path_factory.mktemp("uninterrupted"), {}
+
+    def run(name: str, overrides: list[str]):
+        if name not in runs:
+            runs[name] = run_experiment(load_config(None, overrides + [f"output.dir={directory}", f"output.name={name}"]), progress=False)
+        return runs[name]
+
+    return run
+
+
+def plain_run(uninterrupted, rounds: int = 4):
+    """The plain local run of ``rounds`` rounds (LOCAL_RUN), uninterrupted."""
+    return uninterrupted(f"plain{rounds}", LOCAL_RUN + [f"train.rounds={rounds}"])
+
+
 # --------------------------------------------------------------------- 1. shared client state locations
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_second_run_of_the_same_name_cannot_take_the_first_runs_client_state(tmp_path, request, where):
+def test_a_second_run_of_the_same_name_cannot_take_the_first_runs_client_state(tmp_path, request, where, uninterrupted):
     """Two results folders, one ``output.client_state_dir``, the same ``output.name``: the second run
     is refused before it writes anything, and the first, interrupted, resumes to the result of an
     uninterrupted run from the state it left."""
@@ -110,7 +135,7 @@ def test_a_second_run_of_the_same_name_cannot_take_the_first_runs_client_state(t
     assert contents(location) == state_before
 
     resume_experiment(first_dir, progress=False)
-    reference = run_experiment(load_config(None, FEDPER + LOCAL_RUN + [f"output.dir={tmp_path / 'reference'}"]), progress=False)
+    reference = uninterrupted("fedper", FEDPER + LOCAL_RUN)
     assert comparable_rows(round_rows(first_dir)) == comparable_rows(round_rows(reference.run_dir))
     assert (first_dir / RUN_ID_FILE).is_file()
 
@@ -119,7 +144,7 @@ def test_the_refusal_is_one_line_with_exit_code_2(tmp_path):
     shared = FEDPER + LOCAL_RUN + ["train.rounds=1", "output.name=exp1", f"output.client_state_dir={tmp_path / 'state'}"]
     run_experiment(load_config(None, shared + [f"output.dir={tmp_path / 'A'}"]), progress=False)
     overrides = [argument for override in shared + [f"output.dir={tmp_path / 'B'}"] for argument in ("--set", override)]
-    result = finished(fedray_cli("run", "--quiet", *overrides, cwd=tmp_path))
+    result = fedray_command("run", "--quiet", *overrides, cwd=tmp_path)
     assert_rejected(result, "output.client_state_dir: ")
     assert "holds the client state of another run" in result.stderr
     assert not (tmp_path / "B").exists()
@@ -137,10 +162,10 @@ class RowEditor(Callback):
             client["train_loss"], client["client_id"] = -5.0, -1
 
 
-def test_a_callback_that_edits_its_rows_changes_no_record(tmp_path):
+def test_a_callback_that_edits_its_rows_changes_no_record(tmp_path, uninterrupted):
     config = load_config(None, LOCAL_RUN + [f"output.dir={tmp_path}", "output.name=edited"])
     edited = run_experiment(config, progress=False, callbacks=[RowEditor(), *default_callbacks(config, progress=False, on_ray=False)])
-    reference = run_experiment(load_config(None, LOCAL_RUN + [f"output.dir={tmp_path}", "output.name=reference"]), progress=False)
+    reference = plain_run(uninterrupted)
 
     summary = json.loads((Path(edited.run_dir) / "summary.json").read_text())
     assert summary["rounds"] == 4 and summary["final_test_accuracy"] == reference.final_test_accuracy < 1
@@ -161,9 +186,9 @@ class PartDeleter(Callback):
                     path.unlink()
 
 
-def test_metric_parts_deleted_during_a_run_are_written_again_from_memory_with_a_warning(tmp_path, caplog):
+def test_metric_parts_deleted_during_a_run_are_written_again_from_memory_with_a_warning(tmp_path, caplog, uninterrupted):
     overrides = LOCAL_RUN + ["train.rounds=6", f"output.dir={tmp_path}"]
-    reference = run_experiment(load_config(None, overrides + ["output.name=reference"]), progress=False)
+    reference = plain_run(uninterrupted, rounds=6)
     with caplog.at_level(logging.WARNING, logger="fedray.tracking.metrics_file"):
         damaged = run_experiment(load_config(None, overrides + ["output.name=damaged"]), progress=False, extra_callbacks=[PartDeleter()])
 
@@ -174,7 +199,7 @@ def test_metric_parts_deleted_during_a_run_are_written_again_from_memory_with_a_
     assert {row["round"] for row in read_metrics(damaged.run_dir, "client")} == {3, 4, 5, 6}
 
 
-def test_a_damaged_metric_part_is_refused_in_one_line_whose_remedy_resumes(tmp_path):
+def test_a_damaged_metric_part_is_refused_in_one_line_whose_remedy_resumes(tmp_path, uninterrupted):
     overrides = LOCAL_RUN + ["train.rounds=6", f"output.dir={tmp_path}"]
     with pytest.raises(RuntimeError, match="simulated driver crash"):
         run_experiment(load_config(None, overrides + ["output.name=cut"]), progress=False, extra_callbacks=[CrashAfterRound(5)])
@@ -183,7 +208,7 @@ def test_a_damaged_metric_part_is_refused_in_one_line_whose_remedy_resumes(tmp_p
     part = next(path for first, last, path in list_parts(run_dir) if (first, last) == (3, 4))
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])  # cut short, as by a full disk
 
-    result = finished(fedray_cli("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path))
+    result = fedray_command("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path)
     assert_rejected(
         result,
         f"fedray: cannot resume {run_dir}: metrics_parts/rounds_000003-000004.parquet is damaged (Parquet magic bytes not found "
@@ -199,7 +224,7 @@ def test_a_damaged_metric_part_is_refused_in_one_line_whose_remedy_resumes(tmp_p
     for name in remedy.group(1).split(", "):  # follow the advice
         (run_dir / name).unlink()
     resume_experiment(run_dir, progress=False)
-    whole = run_experiment(load_config(None, overrides + ["output.name=whole"]), progress=False)
+    whole = plain_run(uninterrupted, rounds=6)
     assert comparable_rows(round_rows(run_dir)) == comparable_rows(round_rows(whole.run_dir))
     assert {row["round"] for row in read_metrics(run_dir, "client")} == set(range(1, 7))
 
@@ -238,20 +263,20 @@ def test_resume_refuses_an_edited_config_and_records_an_allowed_change(tmp_path)
     edited["train"]["lr"], edited["seed"], edited["model"]["width"] = 0.5, 3, 32
     (run_dir / "config.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
     before = tree(run_dir)
-    refused = finished(fedray_cli("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path))
+    refused = fedray_command("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path)
     assert_rejected(refused, "changed since the checkpoint of round 2: seed (0 → 3), model.width (16 → 32), train.lr (0.05 → 0.5)")
     assert tree(run_dir) == before
 
     saved["train"]["rounds"] = 6
     (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
-    extended = finished(fedray_cli("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path))
+    extended = fedray_command("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path)
     assert extended.returncode == 0, extended.stderr[-3000:]
     resumes = json.loads((run_dir / RESUMES_FILE).read_text())
     assert [(r["round"], r["changes"]) for r in resumes] == [(2, {"train.rounds": [4, 6]})]
     assert [row["round"] for row in round_rows(run_dir)] == [1, 2, 3, 4, 5, 6]
 
 
-def test_an_unchanged_resume_records_nothing_and_matches_an_uninterrupted_run(tmp_path):
+def test_an_unchanged_resume_records_nothing_and_matches_an_uninterrupted_run(tmp_path, uninterrupted):
     with pytest.raises(RuntimeError, match="simulated driver crash"):
         run_experiment(
             load_config(None, LOCAL_RUN + [f"output.dir={tmp_path}", "output.name=cut"]),
@@ -259,7 +284,7 @@ def test_an_unchanged_resume_records_nothing_and_matches_an_uninterrupted_run(tm
             extra_callbacks=[CrashAfterRound(3)],
         )
     resume_experiment(tmp_path / "cut", progress=False)
-    whole = run_experiment(load_config(None, LOCAL_RUN + [f"output.dir={tmp_path}", "output.name=whole"]), progress=False)
+    whole = plain_run(uninterrupted)
     assert not (tmp_path / "cut" / RESUMES_FILE).exists()
     assert comparable_rows(round_rows(tmp_path / "cut")) == comparable_rows(round_rows(whole.run_dir))
     assert (final_weights(tmp_path / "cut") == final_weights(whole.run_dir)).all()
@@ -308,7 +333,5 @@ def test_two_runs_started_together_with_one_name_one_runs_the_other_is_refused(t
 
 
 def test_an_output_dir_that_cannot_be_created_is_one_line(tmp_path):
-    result = finished(
-        fedray_cli("run", "--quiet", "--set", "resources.num_workers=1", "--set", "output.dir=/proc/fedray-runs", cwd=tmp_path)
-    )
+    result = fedray_command("run", "--quiet", "--set", "resources.num_workers=1", "--set", "output.dir=/proc/fedray-runs", cwd=tmp_path)
     assert_rejected(result, "output.dir: cannot create /proc/fedray-runs/")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ from fedray.runtime import list_checkpoints, run_experiment
 from fedray.runtime.errors import UserCodeError
 
 from e2e_helpers import comparable_rows, round_rows
+from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,9 @@ def config_with(tmp_path: Path, algorithm: str = "fedavg", callbacks: tuple[str,
 
 
 def fedray_run(directory: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """``fedray run --quiet`` in ``directory`` (a separate process) with the local-run settings."""
+    """``fedray run --quiet`` in ``directory`` with the local-run settings: a fork of a preloaded process
+    (tests/preloaded_cli.py) that imports the user's module from that directory, as ``python -m
+    fedray.cli.main`` would, and exits with the command's code."""
     settings = [
         "data.num_clients=4",
         "train.rounds=3",
@@ -176,9 +178,7 @@ def fedray_run(directory: Path, *overrides: str) -> subprocess.CompletedProcess:
         "output.name=run",
         *overrides,
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
-    command = [sys.executable, "-m", "fedray.cli.main", "run", "--quiet", *(a for s in settings for a in ("--set", s))]
-    return subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True, timeout=300)
+    return run_fedray_preloaded(["run", "--quiet", *(a for s in settings for a in ("--set", s))], directory)
 
 
 # --------------------------------------------------------------------- algorithms

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import fedray.algorithms
 from fedray.algorithms import ALGORITHMS
 from fedray.cli.main import main
 from fedray.config import ConfigError
@@ -377,6 +379,17 @@ def test_space_option_and_sizes_replace_the_files_values_and_shadowed_sets_are_n
 
 
 # ---------------------------------------------------------------------- tune_configs/
+@functools.cache
+def shipped_sweep(path: Path):
+    """``load_sweep`` of a file of tune_configs/ (it checks every trial shape, seconds each), once for
+    this module: the tests below read the same loaded sweeps. The installed plug-ins (``fedray.algorithms``
+    entry points) are read once per file: each read scans every installed distribution's metadata, and
+    every trial shape's checks read them again (nothing is installed meanwhile)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fedray.algorithms, "_entry_points", functools.cache(fedray.algorithms._entry_points))
+        return load_sweep(path)
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_sweep_file_is_valid(path):
     raw = yaml.safe_load(path.read_text())
@@ -389,7 +402,7 @@ def test_every_shipped_sweep_file_is_valid(path):
     missing = sorted(name for name in names if name not in ALGORITHMS)
     if missing:
         pytest.skip(f"algorithm(s) {', '.join(missing)} not registered yet")
-    spec = load_sweep(path)
+    spec = shipped_sweep(path)
     assert 1 <= spec.num_trials <= (200 if path.stem == "compare_algorithms" else 100)  # the comparison table is large by design
     offline = ("digits", "diabetes", "pystdlib_chars")  # every shipped sweep runs on data that ships with fedray's dependencies
     assert all(spec.trial_config(values).data.name in offline for values in spec.trial_shapes())
@@ -398,9 +411,9 @@ def test_every_shipped_sweep_file_is_valid(path):
 def test_shipped_sweeps_cover_every_algorithm_of_the_design():
     design = {"fedavg", "fedprox", "fedproto", "moon", "fedsc", "fedskc", "fedrcl", "fedcosr", "fedper", "local", "hetero_ssfl"}
     registered = {name for name in design if name in ALGORITHMS}
-    covered = {load_sweep(p).base["algorithm"]["name"] for p in (REPO / "tune_configs").glob("*.yaml") if p.stem != "compare_algorithms"}
+    covered = {shipped_sweep(p).base["algorithm"]["name"] for p in (REPO / "tune_configs").glob("*.yaml") if p.stem != "compare_algorithms"}
     assert registered <= covered, f"no sweep in tune_configs/ for {sorted(registered - covered)}"
-    compared = load_sweep(REPO / "tune_configs" / "compare_algorithms.yaml").space["algorithm.name"].values
+    compared = shipped_sweep(REPO / "tune_configs" / "compare_algorithms.yaml").space["algorithm.name"].values
     assert registered <= set(compared)
 
 
