@@ -6,6 +6,7 @@ each cell does what it says when run: test_support_walk.py."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,16 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "support_matrix.md"
 
 
+@functools.cache
+def full_matrix():
+    """Every algorithm's cells with every feature, computed once for the session (test_support_walk.py
+    reads its cells too)."""
+    return support_matrix()
+
+
 @pytest.fixture(scope="module")
 def matrix():
-    return support_matrix()
+    return full_matrix()
 
 
 def test_the_page_is_what_the_code_computes(matrix):

@@ -9,11 +9,19 @@ Ray starts, its problem lines exactly the cell's reasons.
 Every algorithm is walked with top-k compression and central DP, and the systems model (compression's
 baseline) but for the heavy self-supervised ones; the other features on a representative set of
 algorithms; the heavy cells once.
-The real CLI, each command a fork of a preloaded process (tests/preloaded_cli.py)."""
+The real CLI: a refused cell's command is a fork of a preloaded process (tests/preloaded_cli.py), whose
+exit code, output and unstarted Ray are the process's; a supported cell's ``fedray run`` runs in this
+process (what its run records is what it proves), with the installed plug-ins' entry points read once
+for the module (each read scans every installed distribution's metadata: most of a one-round run's time
+otherwise; nothing is installed meanwhile)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import math
+import signal
 import subprocess
 from pathlib import Path
 
@@ -21,11 +29,14 @@ import pyarrow.fs as pafs
 import pytest
 
 import fedray
+import fedray.algorithms
 from e2e_helpers import final_weights
 from fedray.algorithms import ALGORITHMS
-from fedray.runtime.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell, support_matrix
+from fedray.cli.main import main
+from fedray.runtime.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell
 from fedray.tracking import read_metrics
 from preloaded_cli import RAY_STARTED, run_fedray_preloaded
+from test_support_matrix import full_matrix
 
 RUN_ONLY = ["resources.backend=local", "resources.num_workers=1", "output.plots=false", "output.tensorboard=false"]
 
@@ -55,24 +66,45 @@ WALKED = sorted(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def entry_points_read_once():
+    """The installed plug-ins (``fedray.algorithms`` entry points) read once for the supported cells'
+    runs in this process, as :func:`fedray.runtime.support.support_matrix` reads them once for its checks."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fedray.algorithms, "_entry_points", functools.cache(fedray.algorithms._entry_points))
+        yield
+
+
 @pytest.fixture(scope="module")
 def matrix():
-    names = list(ALGORITHMS)
-    walked = support_matrix(names, ["systems", "topk", "central_dp"])
-    more = support_matrix(
-        sorted({name for name, _ in REPRESENTATIVE} | {"fedavg", "scaffold"}), [*{key for _, key in REPRESENTATIVE}, *RULES, "s3_state"]
-    )
-    walked.cells.update(more.cells)
-    return walked
+    """The whole matrix: the one test_support_matrix.py checks against the page, computed once for both."""
+    return full_matrix()
 
 
-def fedray_run(overrides: tuple[str, ...] | list[str], directory: Path) -> tuple[subprocess.CompletedProcess, Path]:
+def run_args(overrides: tuple[str, ...] | list[str], directory: Path) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
-    run_dir = directory / "out" / "run"
     args = ["run", "--quiet"]
     for key in [*overrides, *RUN_ONLY, f"output.dir={directory / 'out'}", "output.name=run"]:
         args += ["--set", key]
-    return run_fedray_preloaded(args, directory), run_dir
+    return args
+
+
+def fedray_run(overrides: tuple[str, ...] | list[str], directory: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``fedray run`` of a cell that must be refused: a fork of the preloaded process."""
+    return run_fedray_preloaded(run_args(overrides, directory), directory), directory / "out" / "run"
+
+
+def fedray_run_here(overrides: tuple[str, ...] | list[str], directory: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``fedray run`` of a cell that must run: :func:`fedray.cli.main.main` in this process, its
+    output captured (its SIGTERM handler put back afterwards)."""
+    args, stdout, stderr = run_args(overrides, directory), io.StringIO(), io.StringIO()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(args)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return subprocess.CompletedProcess(["fedray", *args], code, stdout.getvalue(), stderr.getvalue()), directory / "out" / "run"
 
 
 def assert_refused_with_its_reasons(result: subprocess.CompletedProcess, cell: Cell, run_dir: Path) -> None:
@@ -109,7 +141,7 @@ def systems_runs() -> dict[str, dict]:
 
 
 def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, systems_runs: dict[str, dict]) -> None:
-    result, run_dir = fedray_run(cell.overrides, directory)
+    result, run_dir = fedray_run_here(cell.overrides, directory)
     row, clients = ran(result, run_dir)
     if key == "systems":
         assert row["sim_time"] > 0 and row["bytes_down"] >= 0 and row["bytes_up"] >= 0  # Local uploads nothing
@@ -166,7 +198,7 @@ def test_each_robust_rule_changes_the_aggregate(matrix, tmp_path):
         if rule == "none":
             overrides = tuple(key for key in overrides if not key.startswith("robust."))
         assert rule == "none" or matrix.cell("fedavg", rule).status == SUPPORTED
-        row, _ = ran(*fedray_run(overrides, tmp_path / rule))
+        row, _ = ran(*fedray_run_here(overrides, tmp_path / rule))
         losses[rule] = row["test_loss"]
     assert len(set(losses.values())) == len(losses), losses
 
@@ -175,11 +207,10 @@ def test_the_task_cells_on_a_regression(matrix, tmp_path):
     """A task the algorithm serves runs on scikit-learn's diabetes table (test_rmse); one it does not is
     refused with the cell's reason, the task requirement's."""
     diabetes = ["data.name=diabetes", "data.task=regression", "data.num_clients=4", "model.name=mlp"]
-    cells = support_matrix(["fedavg", "fedproto"], ["regression"])
-    assert cells.cell("fedavg", "regression").status == SUPPORTED
-    row, _ = ran(*fedray_run([*cells.cell("fedavg", "regression").overrides, *diabetes], tmp_path / "fedavg"))
+    assert matrix.cell("fedavg", "regression").status == SUPPORTED
+    row, _ = ran(*fedray_run_here([*matrix.cell("fedavg", "regression").overrides, *diabetes], tmp_path / "fedavg"))
     assert row["test_rmse"] > 0
-    refused = cells.cell("fedproto", "regression")
+    refused = matrix.cell("fedproto", "regression")
     result, run_dir = fedray_run([*refused.overrides, *diabetes], tmp_path / "fedproto")
     assert_refused_with_its_reasons(result, refused, run_dir)
 
