@@ -213,7 +213,8 @@ def test_a_run_whose_every_update_is_excluded_fails(tmp_path, tiny_overrides):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_killed_server_actor_is_reported_with_how_to_resume(ray_session, tmp_path, tiny_overrides):
-    config = load_config(None, tiny_overrides)
+    # the server actor is Ray's (one worker actor beside it is enough)
+    config = load_config(None, tiny_overrides + ["resources.backend=ray", "resources.num_workers=1"])
     with pytest.raises(
         RunError, match=r"the server actor died .*continue it from its checkpoint of round 2 with `fedray run --resume .*run`"
     ):
