@@ -33,7 +33,6 @@ reads), with the requirement's message as the reason.
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import sys
 import typing
@@ -353,17 +352,12 @@ def _feature_cell(checker: _Checker, algorithm: type[Algorithm], name: str, feat
 @contextmanager
 def _checking() -> Iterator[None]:
     """While the matrix is computed: the checks' log lines (privacy's calibration, ...), which are not
-    part of it, are left out, and the installed entry points of ``fedray.algorithms`` are read once
-    (every check names its algorithm, and each reading scans every installed distribution)."""
-    import fedray.algorithms as registry
-
-    previous, read = logging.root.manager.disable, registry._entry_points
+    part of it, are left out."""
+    previous = logging.root.manager.disable
     logging.disable(logging.INFO)
-    registry._entry_points = functools.cache(read)
     try:
         yield
     finally:
-        registry._entry_points = read
         logging.disable(previous)
 
 

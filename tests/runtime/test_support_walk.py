@@ -18,7 +18,6 @@ otherwise; nothing is installed meanwhile)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import math
 import signal
@@ -64,15 +63,6 @@ WALKED = sorted(
         *REPRESENTATIVE,
     }
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def entry_points_read_once():
-    """The installed plug-ins (``fedray.algorithms`` entry points) read once for the supported cells'
-    runs in this process, as :func:`fedray.runtime.support.support_matrix` reads them once for its checks."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fedray.algorithms, "_entry_points", functools.cache(fedray.algorithms._entry_points))
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-import fedray.algorithms
 from fedray.algorithms import ALGORITHMS
 from fedray.cli.main import main
 from fedray.config import ConfigError
@@ -382,12 +381,8 @@ def test_space_option_and_sizes_replace_the_files_values_and_shadowed_sets_are_n
 @functools.cache
 def shipped_sweep(path: Path):
     """``load_sweep`` of a file of tune_configs/ (it checks every trial shape, seconds each), once for
-    this module: the tests below read the same loaded sweeps. The installed plug-ins (``fedray.algorithms``
-    entry points) are read once per file: each read scans every installed distribution's metadata, and
-    every trial shape's checks read them again (nothing is installed meanwhile)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fedray.algorithms, "_entry_points", functools.cache(fedray.algorithms._entry_points))
-        return load_sweep(path)
+    this module: the tests below read the same loaded sweeps."""
+    return load_sweep(path)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("*.yaml")), ids=lambda p: p.name)
