@@ -15,7 +15,9 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pyarrow.fs
 import pyarrow.parquet as pq
@@ -51,12 +53,12 @@ def node_ids(cluster: LocalCluster) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     """Head (2 CPUs) + second node (2 CPUs); yields the cluster, the second node and both node ids.
     Every node gets the local S3 endpoint's dummy credentials in its environment."""
     previous = LocalS3.export_credentials()
-    # A short directory: Ray's Unix socket paths under it must stay below 108 bytes.
-    with LocalCluster(tmp_path_factory.mktemp("c")) as cluster:
+    # A short directory, not pytest's (longer under pytest -n): Ray's Unix socket paths under it must stay below 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="fedray-c", dir="/tmp") as short, LocalCluster(Path(short)) as cluster:
         cluster.start_head(num_cpus=2)
         second = cluster.add_node(num_cpus=2, resources={"second_node": 2})
         yield cluster, second, node_ids(cluster)
