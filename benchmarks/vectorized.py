@@ -118,9 +118,12 @@ def run_timed(overrides: list[str], out_dir: str) -> dict:
 
     config = load_config(None, overrides + [f"output.dir={out_dir}"])
     clock = CPUClock()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     summary = run_experiment(config, progress=False, extra_callbacks=[clock])
     return {
+        "peak_gpu_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
         "end_to_end_s": time.perf_counter() - started,
         "steady_round_s": steady(clock.seconds),
         "steady_round_cpu_s": steady(clock.cpu_seconds),
@@ -161,6 +164,8 @@ def compare(overrides: list[str], repeats: int, scratch: str, label: str = "") -
             "final_accuracy": [result["final_accuracy"] for result in results],
             "round_s": [result["round_s"] for result in results],
             "round_cpu_s": [result["round_cpu_s"] for result in results],
+            "round_ends": [result["round_ends"] for result in results],
+            "peak_gpu_allocated_mib": [result["peak_gpu_allocated_mib"] for result in results],
             "end_to_end_s": [result["end_to_end_s"] for result in results],
         }
     return {
@@ -173,12 +178,15 @@ def compare(overrides: list[str], repeats: int, scratch: str, label: str = "") -
 
 
 def machine() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    """Provenance for a raw JSON. Where the tree is a copy without ``.git`` (a GPU host gets the working
+    tree only), the commit comes from ``FEDRAY_COMMIT`` and whether it was modified is unknown (None)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout
+    in_git = head.returncode == 0
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": commit,
-        "working_tree_modified": bool(dirty.strip()),
+        "commit": head.stdout.strip() if in_git else os.environ.get("FEDRAY_COMMIT", ""),
+        "working_tree_modified": bool(dirty.strip()) if in_git else None,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

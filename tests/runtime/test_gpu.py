@@ -1,4 +1,4 @@
-"""Runs on a CUDA device: the local pool's worker on the GPU, and fractional GPUs on Ray
+"""Runs on a CUDA device: the local pool's worker on the GPU (the loop and vectorised), and fractional GPUs on Ray
 (``pytest -m cuda``; benchmarks/gpu_check.py runs these). They skip where torch sees no GPU."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedray import load_config
+from fedray.algorithms.vectorized import VECTORIZED
 from fedray.runtime import run_experiment
 from fedray.testing import Federation
 
@@ -37,3 +38,18 @@ def test_fractional_gpu_workers_on_ray_train_as_one_worker_on_a_whole_gpu(tmp_pa
 
     one, many = final_accuracy(1), final_accuracy(workers)
     assert one > 0.5 and abs(many - one) < 0.05
+
+
+@pytest.mark.parametrize("model", ["cnn_small", "mlp"])
+def test_a_vectorised_round_on_the_gpu_equals_the_loop_on_the_gpu(tmp_path, monkeypatch, model):
+    # cuDNN convolutions may use TF32 (a 10-bit mantissa) by default: compare the maths in float32.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    overrides = [*ROUNDS, "resources.gpus_per_worker=1", f"model.name={model}", "model.width=8", "train.momentum=0.9"]
+    vectorised = Federation(tmp_path / "on", [*overrides, "train.vectorize=on"])
+    loop = Federation(tmp_path / "off", [*overrides, "train.vectorize=off"])
+    vectorised.run(2), loop.run(2)
+    assert vectorised.worker.device.type == "cuda" and vectorised.worker.training_path == VECTORIZED
+    # Two rounds of 2 local epochs: more steps than tests/runtime/test_vectorized.py's one round, so a
+    # looser tolerance, still far below a changed step, batch or mask (> 1e-3).
+    torch.testing.assert_close(vectorised.state["weights"], loop.state["weights"], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(vectorised.state["weights"], Federation(tmp_path / "fresh", overrides).state["weights"])
