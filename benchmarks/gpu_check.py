@@ -21,7 +21,7 @@ GPUs against a plain single-process loop on the same GPU, with a JSON and a Mark
    vectorised (``on``, the automatic group size), client updates per second each and the ratio, on
    W3 with ``cnn_cifar`` (``resnet8`` has BatchNorm, which trains as the loop) and on W1's shape
    (benchmarks/vectorized.py's ``w1_like``: 1×8×8 images, 100 clients per round, 5 steps of batch 10,
-   ``cnn_small``); on a GPU also W3 with a cohort of 200 a round. Each side's GPU busy % over the
+   ``cnn_small``); on a GPU also W3 with cohorts of 200 a round (``--cohorts``). Each side's GPU busy % over the
    steady rounds and the peak memory torch allocated, and W3's vectorised client updates/s against
    the plain loop's of step 2 (target ≥ 5×). ``--skip-vectorized`` leaves it out.
 
@@ -59,7 +59,6 @@ from w1_overhead import run_fedray, run_plain  # noqa: E402
 GPU_FRACTIONS = (1.0, 0.5, 0.25)
 MODELS = ("resnet8", "cnn_cifar")
 TARGETS = {"one_worker_vs_plain": 1 / 1.1, "four_quarters_vs_one_worker": 2.0, "vectorized_vs_plain": 5.0}
-COHORT = 200  # the vectorised comparison's larger W3 cohort, on a GPU
 
 
 def w3_size(quick: bool) -> tuple[int, int, int]:
@@ -200,9 +199,9 @@ def run_w3(model: str, quick: bool, device: str, sampler: GPUSampler | None) -> 
     return rows
 
 
-def run_vectorized(quick: bool, device: str, sampler: GPUSampler | None) -> dict[str, dict]:
+def run_vectorized(quick: bool, device: str, sampler: GPUSampler | None, cohorts: list[int]) -> dict[str, dict]:
     """The loop against vectorised training on one worker with the whole GPU (the local backend),
-    on W3 with cnn_cifar (and, on a GPU, W3 with a cohort of 200 a round) and on W1's shape with
+    on W3 with cnn_cifar (and, on a GPU, W3 with each of ``cohorts`` clients a round) and on W1's shape with
     cnn_small (see the module's docstring). On a GPU each side also gets its GPU busy % over the
     steady rounds and the peak memory torch allocated."""
     gpu = [f"resources.gpus_per_worker={1 if device == 'cuda' else 0}"]
@@ -213,9 +212,9 @@ def run_vectorized(quick: bool, device: str, sampler: GPUSampler | None) -> dict
         "w3/cnn_cifar": w3_cnn,
         "w1_like/cnn_small": w1_like(rounds, clients=200 if quick else 1000) + ["model.name=cnn_small", "checkpoint.every=1000"],
     }
-    if not quick:
-        workloads["w3_cohort200/cnn_cifar"] = [item for item in w3_cnn if not item.startswith("train.clients_per_round=")] + [
-            f"train.clients_per_round={COHORT}"
+    for cohort in [] if quick else cohorts:
+        workloads[f"w3_cohort{cohort}/cnn_cifar"] = [item for item in w3_cnn if not item.startswith("train.clients_per_round=")] + [
+            f"train.clients_per_round={cohort}"
         ]
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -286,7 +285,7 @@ def markdown(report: dict) -> str:
                 f"{vectorized['steady_round_s']:.3f} | {vectorized['updates_per_s']:.1f} | {percent(vectorized['gpu_busy_percent'])} | "
                 f"{memory} | {row['ratio']:.2f}× |"
             )
-        against_plain = report["vectorized"]["w3/cnn_cifar"].get("vectorized_vs_plain")
+        against_plain = report["vectorized"].get("w3/cnn_cifar", {}).get("vectorized_vs_plain")
         if against_plain is not None:
             lines += [
                 "",
@@ -303,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small W3 (100 clients, 10 per round, 5 rounds)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default {','.join(MODELS)})")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
+    parser.add_argument("--cohorts", default="200", help="W3's larger cohorts for the vectorised comparison, on a GPU (default 200)")
     parser.add_argument("--skip-vectorized", action="store_true", help="leave out the loop vs vectorised training comparison")
     args = parser.parse_args(argv)
     import ray
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "same_accuracy": len({row["final_accuracy"] for row in rows[:3]}) == 1,
         }
     if not args.skip_vectorized:
-        report["vectorized"] = run_vectorized(quick, device, sampler)
+        report["vectorized"] = run_vectorized(quick, device, sampler, [int(size) for size in args.cohorts.split(",") if size.strip()])
         plain = next((row for row in report["w3"].get("cnn_cifar", []) if row["workers"] == 0), None)
         if plain is not None:  # the plain loop of W3 with cnn_cifar, in this invocation
             row = report["vectorized"]["w3/cnn_cifar"]

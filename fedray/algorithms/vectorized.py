@@ -411,6 +411,7 @@ def train_group(algorithm: Algorithm, contexts: list[ClientContext], broadcast: 
                     totals[term][:active] += value
     keys = state_keys(model)
     flat = torch.cat([params[key].reshape(group, -1) for key in keys], dim=1)
+    totals = {term: total.cpu() for term, total in totals.items()}  # one device sync a term, not one a client
     updates: list[ClientUpdate | None] = [None] * group
     for position, k in enumerate(order):
         metrics = {term: float(total[position]) / counts[position] for term, total in totals.items()}
