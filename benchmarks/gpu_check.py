@@ -3,6 +3,7 @@ GPUs against a plain single-process loop on the same GPU, with a JSON and a Mark
 
     python benchmarks/gpu_check.py --out DIR      # on a CUDA machine: about 3 minutes on an H100
     python benchmarks/gpu_check.py --quick        # a smaller W3 (100 clients, 10 per round, 5 rounds)
+    python benchmarks/gpu_check.py --report docs/results/raw/gpu_check_h200.json   # a committed run's tables
 
 1. The test suite's CUDA-marked tests (``pytest -m cuda``).
 2. W3: synthetic CIFAR-shaped data (3×32×32, 10 classes), 1,000 clients × 50 images (IID), 50
@@ -25,8 +26,8 @@ GPUs against a plain single-process loop on the same GPU, with a JSON and a Mark
    steady rounds and the peak memory torch allocated, and W3's vectorised client updates/s against
    the plain loop's of step 2 (target ≥ 5×). ``--skip-vectorized`` leaves it out.
 
-The JSON records the commit (from git, or ``FEDRAY_COMMIT`` where the tree is a copy without
-``.git``), torch's and Ray's versions, the machine and the date.
+The JSON records the commit (``FEDRAY_COMMIT`` where set: a GPU host's copy of the tree may carry no
+``.git`` or a stale one; else git's), torch's and Ray's versions, the machine and the date.
 
 On a machine without a GPU it says so and does a CPU dry run of the same code path (quick W3 on CPU
 workers; the CUDA tests are collected and skip), then exits 0. Exit 1 when a CUDA test fails.
@@ -304,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--cohorts", default="200", help="W3's larger cohorts for the vectorised comparison, on a GPU (default 200)")
     parser.add_argument("--skip-vectorized", action="store_true", help="leave out the loop vs vectorised training comparison")
+    parser.add_argument("--report", type=Path, help="print the Markdown report of a gpu_check.json (a committed run's) and exit")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print(markdown(json.loads(args.report.read_text())))
+        return 0
     import ray
 
     cuda = torch.cuda.is_available()

@@ -178,15 +178,17 @@ def compare(overrides: list[str], repeats: int, scratch: str, label: str = "") -
 
 
 def machine() -> dict:
-    """Provenance for a raw JSON. Where the tree is a copy without ``.git`` (a GPU host gets the working
-    tree only), the commit comes from ``FEDRAY_COMMIT`` and whether it was modified is unknown (None)."""
+    """Provenance for a raw JSON. ``FEDRAY_COMMIT``, where set, names the commit (a copy of the tree on
+    a GPU host may carry no ``.git``, or a stale one), and whether the tree was modified is then unknown
+    (None); otherwise git says both."""
+    named = os.environ.get("FEDRAY_COMMIT")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout
-    in_git = head.returncode == 0
+    from_git = not named and head.returncode == 0
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": head.stdout.strip() if in_git else os.environ.get("FEDRAY_COMMIT", ""),
-        "working_tree_modified": bool(dirty.strip()) if in_git else None,
+        "commit": head.stdout.strip() if from_git else named or "",
+        "working_tree_modified": bool(dirty.strip()) if from_git else None,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
