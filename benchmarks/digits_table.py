@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,16 +63,39 @@ def run_one(algorithm: str, alpha: float, seed: int, metric: str, extra: list[st
     return {"algorithm": algorithm, "alpha": alpha, "seed": seed, "seconds": time.perf_counter() - started, **result}
 
 
-def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] = ()) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    also_keys = [f"{name}_{when}" for name in also for when in ("final", "at_best")]
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["algorithm", "alpha", "seed", "final", "best", "seconds", *also_keys])
-        writer.writeheader()
-        writer.writerows({k: r[k] for k in writer.fieldnames} for r in results)
+#: The per-run CSV's first columns; the ``--also`` metrics' ``<name>_final`` and ``<name>_at_best`` follow.
+CSV_FIELDS = ["algorithm", "alpha", "seed", "final", "best", "seconds"]
 
-    algorithms = list(dict.fromkeys(r["algorithm"] for r in results))
-    alphas = sorted({r["alpha"] for r in results})
+
+def also_columns(also: Sequence[str]) -> list[str]:
+    """The CSV columns of the ``--also`` metrics: each one's ``<name>_final`` and ``<name>_at_best``."""
+    return [f"{name}_{when}" for name in also for when in ("final", "at_best")]
+
+
+def algorithms_and_alphas(results: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
+    """The table's rows (algorithms, in run order) and its α values (ascending)."""
+    return list(dict.fromkeys(r["algorithm"] for r in results)), sorted({r["alpha"] for r in results})
+
+
+def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The per-run rows of a table's CSV (as :func:`write_outputs` wrote them, numbers parsed) and the
+    ``--also`` metrics it records, in column order."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+        also = [name.removesuffix("_final") for name in reader.fieldnames[len(CSV_FIELDS) :: 2]]
+    results = [
+        {key: str(value) if key == "algorithm" else int(value) if key == "seed" else float(value) for key, value in row.items()}
+        for row in rows
+    ]
+    return results, also
+
+
+def table_markdown(results: list[dict[str, Any]], metric: str, also: Sequence[str] = ()) -> str:
+    """The Markdown table of ``results`` (one row per algorithm, mean ± std over seeds of the final and
+    best ``metric`` per α, and each ``also`` metric's mean), with the line above it that names the metric."""
+    also_keys = also_columns(also)
+    algorithms, alphas = algorithms_and_alphas(results)
     lines = [
         f"Metric: `{metric}` (%), mean ± std over seeds {sorted({r['seed'] for r in results})}; protocol in `benchmarks/digits_table.py`.",
         "",
@@ -96,8 +120,19 @@ def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] =
             for key in also_keys:
                 cells.append(f"{100 * np.mean([r[key] for r in runs]):.2f}")
         lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
-    out.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
+
+def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] = ()) -> None:
+    """Writes ``out`` (:func:`table_markdown`), the per-run rows as ``<out>.csv`` and the curves as ``<out>.png``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, *also_columns(also)])
+        writer.writeheader()
+        writer.writerows({k: r[k] for k in writer.fieldnames} for r in results)
+    out.write_text(table_markdown(results, metric, also))
+
+    algorithms, alphas = algorithms_and_alphas(results)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -107,11 +107,11 @@ def run_cell(label: str, epsilon: float) -> dict:
     }
 
 
-def finished_cells() -> dict[tuple[str, float], dict]:
-    """The CSV's cells of this ``ROUNDS`` (a cell of another length is run again)."""
-    if not CSV_PATH.exists():
+def finished_cells(path: Path = CSV_PATH) -> dict[tuple[str, float], dict]:
+    """The cells of this ``ROUNDS`` in the CSV at ``path`` (a cell of another length is run again)."""
+    if not path.exists():
         return {}
-    with CSV_PATH.open() as file:
+    with path.open() as file:
         return {(row["algorithm"], float(row["epsilon"])): row for row in csv.DictReader(file) if int(row["rounds"]) == ROUNDS}
 
 
@@ -124,8 +124,8 @@ def append(result: dict) -> None:
         writer.writerow(result)
 
 
-def write_markdown() -> None:
-    cells = finished_cells()
+def markdown(cells: dict[tuple[str, float], dict]) -> str:
+    """The page ``docs/results/privacy_utility_fmnist.md``: the table of ``cells`` (:func:`finished_cells`)."""
     header = " | ".join(f"ε = {'∞' if math.isinf(e) else f'{e:g}'}" for e in EPSILONS)
     lines = [
         "# Privacy-utility on Fashion-MNIST",
@@ -148,7 +148,12 @@ def write_markdown() -> None:
                 z = f" (z = {float(row['noise_multiplier']):.2f})" if row["noise_multiplier"] else ""
                 entries.append(f"{float(row['final']):.3f}{z}")
         lines.append(f"| {label} ({metric}) | {' | '.join(entries)} |")
-    MARKDOWN_PATH.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown() -> None:
+    """Rewrites the page from the CSV."""
+    MARKDOWN_PATH.write_text(markdown(finished_cells()))
 
 
 def median_norms(label: str, rounds: int = 3) -> dict[str, float]:

@@ -92,6 +92,8 @@ from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 100
+#: The table's seeds (``--seeds``); a cell with fewer says how many of them it has.
+SEEDS = [0, 1]
 CLIENTS_PER_ROUND = 10
 PROTOCOL = [
     "data.name=fmnist",
@@ -796,10 +798,11 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
     return lines + [""]
 
 
-def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summary_page: Path | None = None) -> None:
-    """Rewrites the generated table of ``out``'s Markdown file and its figure from the CSVs next to it,
-    and the short tables of ``summary_page`` (when given; a docs page, never the README) between its
-    summary markers. A missing page is created with just a heading and the generated block."""
+def report_blocks(out: Path, seeds_wanted: int, runs_dir: Path | None, extra: list[str]) -> tuple[str, str, list[dict[str, str]]]:
+    """From the CSVs next to ``out`` alone (running nothing): the generated block of ``out``'s Markdown
+    file (between its table markers), the summary page's short tables (between its summary markers)
+    and the curves of the entries that trained to the end (the figure's). Unfinished entries under
+    ``runs_dir`` are listed after the tables (``None``: none are)."""
     tuning = read_csv(TUNING_CSV)
     results = current_rows(read_csv(out.with_suffix(".csv")), extra, tuning)
     current = {entry_key(row) for row in results}
@@ -838,20 +841,26 @@ def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summa
     seconds = [float(r["seconds_per_round"]) for r in results]
     if seconds:
         lines.append(f"{len(results)} entries finished; median {np.median(seconds):.1f} s per round on a shared 2-core CPU.")
-    unfinished = in_progress(runs_dir, current)
+    unfinished = in_progress(runs_dir, current) if runs_dir is not None else []
     if unfinished:
         lines += ["", "Started, not finished (not in the table; they resume from their last checkpoint):", "", *unfinished]
-    table = "\n".join(lines)
+    return "\n".join(lines) + "\n", "\n".join(summary_lines(results, seeds_wanted)), curves
+
+
+def report(out: Path, seeds_wanted: int, runs_dir: Path, extra: list[str], summary_page: Path | None = None) -> None:
+    """Rewrites the generated table of ``out``'s Markdown file and its figure from the CSVs next to it
+    (:func:`report_blocks`), and the short tables of ``summary_page`` (when given; a docs page, never
+    the README) between its summary markers. A missing page is created with just a heading and the
+    generated block."""
+    table, summary, curves = report_blocks(out, seeds_wanted, runs_dir, extra)
     md = out.with_suffix(".md")
     text = md.read_text() if md.is_file() else f"# Fashion-MNIST results\n\n{TABLE_START}\n{TABLE_END}\n"
-    md.write_text(replace_between(text, TABLE_START, TABLE_END, table + "\n", md))
+    md.write_text(replace_between(text, TABLE_START, TABLE_END, table, md))
     if summary_page is not None:
         page = summary_page.read_text() if summary_page.is_file() else f"# Fashion-MNIST summary\n\n{SUMMARY_START}\n{SUMMARY_END}\n"
-        summary_page.write_text(
-            replace_between(page, SUMMARY_START, SUMMARY_END, "\n".join(summary_lines(results, seeds_wanted)), summary_page)
-        )
+        summary_page.write_text(replace_between(page, SUMMARY_START, SUMMARY_END, summary, summary_page))
     plot_curves(curves, out.with_suffix(".png"))
-    print(table)
+    print(table, end="")
 
 
 #: Round-row columns every run has; the others are the algorithm's own diagnostics (SCAFFOLD's control_norm).
@@ -962,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
     parser.add_argument("--algorithms", nargs="+", default=None, help="only these algorithms (default: all of each group)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
     parser.add_argument(
         "--set",
         dest="extra",

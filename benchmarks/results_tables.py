@@ -1,0 +1,213 @@
+"""Every generated table in ``docs/results/`` regenerated from its committed raw file, training nothing.
+
+Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
+again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
+per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
+cells). The prose around a part is kept. Every other table in ``docs/results/`` is in
+``NOT_GENERATED`` with the reason it is not regenerated here, and a page with a table in neither fails
+the check::
+
+    python benchmarks/results_tables.py            # rewrite each part that differs from its raw file
+    python benchmarks/results_tables.py --check    # compare only: exit 1 naming each part that differs
+    python benchmarks/results_tables.py --check baselines.md   # one page (the Fashion-MNIST pages take ~10 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import digits_table
+import privacy_utility_fmnist
+import real_table
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results"
+#: A generated part's place in its page: (page text, new part, page path) -> the page with the new part.
+Splice = Callable[[str, str, Path], str]
+#: The first line of the part ``digits_table.table_markdown`` writes.
+METRIC_LINE = "Metric: `"
+#: A Markdown table's delimiter row (``|---|---|``), which every table has once, below its header.
+DELIMITER_ROW = re.compile(r"\|(?:\s*:?-+:?\s*\|)+")
+
+
+@dataclass(frozen=True)
+class Table:
+    """The generated part of ``page`` (a file of the results folder), rendered by ``script`` from ``raw``."""
+
+    page: str
+    raw: tuple[str, ...]
+    script: str
+    render: Callable[[Path], str]  # the results folder -> the part, from the raw files in it
+    splice: Splice
+
+
+def whole_page(text: str, part: str, where: Path) -> str:
+    """The part is the whole page."""
+    return part
+
+
+def metric_table(text: str, part: str, where: Path) -> str:
+    """The part of a ``digits_table.py`` page: from its one line starting with :data:`METRIC_LINE` to the
+    end of the first table after it (the page's command and notes around it are kept)."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(METRIC_LINE)]
+    if len(starts) != 1:
+        raise SystemExit(f"{where}: expected one line starting with {METRIC_LINE!r} above the generated table, found {len(starts)}")
+    end = starts[0] + 1
+    while end < len(lines) and not lines[end].startswith("|"):
+        end += 1
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "".join(lines[: starts[0]]) + part + "".join(lines[end:])
+
+
+def between_markers(start: str, end: str) -> Splice:
+    """The part between the marker lines ``start`` and ``end`` (``real_table.replace_between``)."""
+    return lambda text, part, where: real_table.replace_between(text, start, end, part, where)
+
+
+def digits_part(csv_name: str, metric: str) -> Callable[[Path], str]:
+    """Renders ``digits_table.py``'s table of ``metric`` from its per-run CSV ``csv_name``."""
+
+    def render(results: Path) -> str:
+        rows, also = digits_table.read_results(results / csv_name)
+        return digits_table.table_markdown(rows, metric, also)
+
+    return render
+
+
+@functools.cache
+def fmnist_parts(results: Path) -> tuple[str, str]:
+    """``real_table.py --report``'s two generated parts (the tables of ``fmnist.md`` and the short tables
+    of ``fmnist_summary.md``) from the CSVs in ``results``, listing no unfinished runs (they are not
+    committed). The tuning CSV is read from the repository (``real_table.TUNING_CSV``)."""
+    table, summary, _ = real_table.report_blocks(results / real_table.DEFAULT_OUT.name, len(real_table.SEEDS), None, [])
+    return table, summary
+
+
+def fmnist_part(index: int) -> Callable[[Path], str]:
+    """Renders the ``index``-th of :func:`fmnist_parts` (0: ``fmnist.md``'s, 1: ``fmnist_summary.md``'s)."""
+    return lambda results: fmnist_parts(results)[index]
+
+
+def privacy_part(results: Path) -> str:
+    """``privacy_utility_fmnist.py``'s page from its CSV in ``results``."""
+    return privacy_utility_fmnist.markdown(privacy_utility_fmnist.finished_cells(results / privacy_utility_fmnist.CSV_PATH.name))
+
+
+#: ``digits_table.py`` pages (each written with ``--out docs/results/<name>.md``) and their ``--metric``.
+DIGITS_PAGES = {
+    "baselines": "test_accuracy",
+    "baselines_fedbn": "personal_accuracy",
+    "baselines_personalized": "personal_accuracy",
+    "baselines_ssl": "probe_accuracy",
+    "fedcosr": "personal_accuracy",
+    "fedcosr_shards": "personal_accuracy",
+    "fedrcl": "test_accuracy",
+    "fmnist_fedskc_digits": "test_accuracy",
+    "hetero_ssfl": "probe_accuracy",
+    "prototypes": "test_accuracy",
+}
+FMNIST_RAW = ("fmnist.csv", "fmnist_curves.csv", "fmnist_tuning.csv")
+TABLES = [
+    *(
+        Table(f"{name}.md", (f"{name}.csv",), "digits_table.py", digits_part(f"{name}.csv", metric), metric_table)
+        for name, metric in DIGITS_PAGES.items()
+    ),
+    Table("privacy_utility_fmnist.md", ("privacy_utility_fmnist.csv",), "privacy_utility_fmnist.py", privacy_part, whole_page),
+    *(
+        Table(page, FMNIST_RAW, "real_table.py --report", fmnist_part(index), between_markers(start, end))
+        for index, (page, start, end) in enumerate(
+            [
+                ("fmnist.md", real_table.TABLE_START, real_table.TABLE_END),
+                ("fmnist_summary.md", real_table.SUMMARY_START, real_table.SUMMARY_END),
+            ]
+        )
+    ),
+]
+#: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
+NOT_GENERATED: dict[str, tuple[int, str]] = {
+    "index.md": (1, "the list of the digits pages: links, no numbers"),
+    "digits.md": (2, "summaries copied by hand from the final-round cells of prototypes, fedrcl, fedcosr and fedcosr_shards"),
+    "compression.md": (1, "written whole by compression_table.py from its run folders, which are not committed"),
+    "modalities.md": (1, "written whole by modalities_table.py from its run folders, which are not committed"),
+    "fedrcl.md": (1, "ablations: digits_table.py --set runs written outside docs/ (the page's commands), CSVs not committed"),
+    "prototypes.md": (1, "FedSKC diagnosis: digits_table.py --set runs, CSVs not committed"),
+    "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
+    "fmnist.md": (
+        7,
+        "claims, FedSKC's switches, the paper-optimiser runs, the blow-up warnings, the SSL sweep: copied by hand "
+        "from the CSVs (fmnist_tuning, fmnist_fedskc_sweep, fmnist_paper_optimiser, ...) and from run folders",
+    ),
+}
+
+
+def count_tables(text: str) -> int:
+    """How many Markdown tables ``text`` holds (one delimiter row each)."""
+    return sum(bool(DELIMITER_ROW.fullmatch(line.strip())) for line in text.splitlines())
+
+
+def regenerated(table: Table, results: Path) -> str:
+    """The text of ``table``'s page with its generated part rendered again from the raw files in ``results``."""
+    page = results / table.page
+    return table.splice(page.read_text(), table.render(results), page)
+
+
+def differing(results: Path, tables: list[Table] = TABLES) -> list[Table]:
+    """The entries of ``tables`` whose page in ``results`` is not what their raw files give."""
+    return [table for table in tables if regenerated(table, results) != (results / table.page).read_text()]
+
+
+def unaccounted(results: Path, tables: list[Table] = TABLES) -> list[str]:
+    """One line per page of ``results`` whose tables outside its generated parts are not the number
+    :data:`NOT_GENERATED` gives (zero for a page it does not list), and per listed page that is missing."""
+    problems = [f"{page}: listed in NOT_GENERATED but missing" for page in NOT_GENERATED if not (results / page).is_file()]
+    for page in sorted(results.glob("*.md")):
+        text = page.read_text()
+        for table in tables:
+            if table.page == page.name:
+                text = table.splice(text, "", page)
+        expected, _ = NOT_GENERATED.get(page.name, (0, ""))
+        if count_tables(text) != expected:
+            problems.append(
+                f"{page.name}: {count_tables(text)} tables outside its generated part, {expected} listed in NOT_GENERATED "
+                "(register a generated table in TABLES, or list a hand-written one with its reason)"
+            )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare: print each differing part and exit 1")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results folder (pages and raw files)")
+    parser.add_argument("pages", nargs="*", metavar="PAGE", help="only these pages' generated parts (e.g. baselines.md; default: all)")
+    args = parser.parse_args(argv)
+    unknown = set(args.pages) - {table.page for table in TABLES}
+    if unknown:
+        parser.error(f"no generated table in {', '.join(sorted(unknown))}")
+    failed = False
+    for table in differing(args.results, [table for table in TABLES if not args.pages or table.page in args.pages]):
+        page = args.results / table.page
+        new = regenerated(table, args.results)
+        if args.check:
+            failed = True
+            print(f"{page}: differs from what {table.script} renders from {', '.join(table.raw)}")
+            sys.stdout.writelines(difflib.unified_diff(page.read_text().splitlines(True), new.splitlines(True), "committed", "regenerated"))
+        else:
+            page.write_text(new)
+            print(f"rewrote {page} from {', '.join(table.raw)}")
+    for problem in unaccounted(args.results):
+        failed = True
+        print(problem)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

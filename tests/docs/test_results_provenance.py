@@ -1,0 +1,84 @@
+"""benchmarks/results_tables.py: every generated table in docs/results/ is, byte for byte, what its
+generator renders from the committed raw file next to it, and every other table there is listed as not
+generated, with the reason. Edits are made to copies in tmp_path, never to the tracked files."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import results_tables  # noqa: E402
+
+RESULTS = results_tables.RESULTS
+#: real_table.py's report loads the config of each of the 116 entries to check it ran with today's tuning (~10 s).
+SLOW_PAGES = {"fmnist.md", "fmnist_summary.md"}
+FAST = [table for table in results_tables.TABLES if table.page not in SLOW_PAGES]
+BASELINES = next(table for table in results_tables.TABLES if table.page == "baselines.md")
+PRIVACY = next(table for table in results_tables.TABLES if table.page == "privacy_utility_fmnist.md")
+
+
+@pytest.mark.parametrize(
+    "table",
+    [pytest.param(table, id=table.page, marks=[pytest.mark.slow] * (table.page in SLOW_PAGES)) for table in results_tables.TABLES],
+)
+def test_each_generated_table_is_what_its_committed_raw_file_gives(table):
+    assert all((RESULTS / raw).is_file() for raw in table.raw)
+    assert results_tables.differing(RESULTS, [table]) == [], (
+        f"docs/results/{table.page} differs from {', '.join(table.raw)}: see python benchmarks/results_tables.py --check {table.page}"
+    )
+
+
+def test_every_other_table_is_listed_with_the_reason_it_is_not_generated():
+    assert results_tables.unaccounted(RESULTS) == []
+    assert all(reason for _, reason in results_tables.NOT_GENERATED.values())
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """A copy of docs/results/: every page, and the raw files of the fast tables."""
+    for page in RESULTS.glob("*.md"):
+        shutil.copy(page, tmp_path)
+    for table in FAST:
+        for raw in table.raw:
+            shutil.copy(RESULTS / raw, tmp_path)
+    return tmp_path
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, new))
+
+
+def test_a_number_edited_in_a_table_alone_fails_the_check_and_writing_restores_it(results, capsys):
+    edit(results / "baselines.md", "| fedavg | 85.83 ± 7.47 |", "| fedavg | 85.84 ± 7.47 |")
+    edit(results / "privacy_utility_fmnist.md", "| fedavg (test_accuracy) | 0.816 ", "| fedavg (test_accuracy) | 0.817 ")
+    assert results_tables.differing(results, FAST) == [BASELINES, PRIVACY]
+    assert results_tables.main(["--check", "--results", str(results), "baselines.md"]) == 1
+    report = capsys.readouterr().out
+    assert "baselines.md: differs from what digits_table.py renders from baselines.csv" in report
+    assert "-| fedavg | 85.84 ± 7.47 |" in report and "+| fedavg | 85.83 ± 7.47 |" in report
+
+    assert results_tables.main(["--results", str(results), "baselines.md", "privacy_utility_fmnist.md"]) == 0
+    for table in (BASELINES, PRIVACY):  # the prose around the table is kept
+        assert (results / table.page).read_text() == (RESULTS / table.page).read_text()
+    assert results_tables.main(["--check", "--results", str(results), "baselines.md", "privacy_utility_fmnist.md"]) == 0
+
+
+def test_a_number_edited_in_a_raw_file_alone_fails_the_check(results):
+    edit(results / "baselines.csv", "fedavg,0.1,0,0.7527777777777778,", "fedavg,0.1,0,0.7627777777777778,")
+    edit(results / "privacy_utility_fmnist.csv", ",0.8156,", ",0.8256,")  # shown as 0.816, then 0.826
+    assert results_tables.differing(results, FAST) == [BASELINES, PRIVACY]
+
+
+def test_a_table_added_by_hand_outside_the_generated_part_fails_the_check(results):
+    edit(results / "baselines.md", "Observations:", "| a | b |\n|---|---|\n| 1 | 2 |\n\nObservations:")
+    assert results_tables.differing(results, FAST) == []
+    assert results_tables.unaccounted(results) == [
+        "baselines.md: 1 tables outside its generated part, 0 listed in NOT_GENERATED "
+        "(register a generated table in TABLES, or list a hand-written one with its reason)"
+    ]
