@@ -19,6 +19,16 @@ for _folder in sorted(path for path in _TESTS.iterdir() if path.is_dir() and pat
 
 torch.set_num_threads(1)
 
+#: Fixtures that make a test slow by what they are (pyproject's ``slow`` marker): a real Ray, a real browser.
+SLOW_FIXTURES = {"ray_session", "page"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a real Ray or drives a real browser is in the slow tier, marked or not."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def ray_session():

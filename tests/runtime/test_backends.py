@@ -157,6 +157,7 @@ def test_a_resumed_local_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
 # --------------------------------------------------------------------- debugging in one process
 
 
+@pytest.mark.slow  # a fedray process on a terminal
 def test_breakpoint_in_client_update_stops_in_the_callers_terminal(tmp_path):
     """A user algorithm calls ``breakpoint()``: pdb reads the commands from this process's stdin."""
     (tmp_path / "debugged.py").write_text(

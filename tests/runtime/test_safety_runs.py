@@ -319,6 +319,7 @@ def test_run_directories_are_claimed_atomically(tmp_path, name):
         assert len(set(claimed)) == 8 and not refused
 
 
+@pytest.mark.slow  # two fedray processes
 def test_two_runs_started_together_with_one_name_one_runs_the_other_is_refused(tmp_path):
     overrides = LOCAL_RUN + ["train.rounds=2", f"output.dir={tmp_path / 'runs'}", "output.name=same"]
     arguments = ["run", "--quiet", *[argument for override in overrides for argument in ("--set", override)]]

@@ -25,6 +25,8 @@ from fedray.runtime.support import (
 )
 from preloaded_cli import run_fedray_preloaded
 
+pytestmark = pytest.mark.xdist_group("support_matrix")  # with pytest -n: one worker computes the matrix once for both files
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "support_matrix.md"
 

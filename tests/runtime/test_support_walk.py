@@ -37,6 +37,8 @@ from fedray.tracking import read_metrics
 from preloaded_cli import RAY_STARTED, run_fedray_preloaded
 from test_support_matrix import full_matrix
 
+pytestmark = pytest.mark.xdist_group("support_matrix")  # with pytest -n: one worker computes the matrix once for both files
+
 RUN_ONLY = ["resources.backend=local", "resources.num_workers=1", "output.plots=false", "output.tensorboard=false"]
 
 #: (algorithm, feature) walked besides every algorithm's top-k and central DP cells
