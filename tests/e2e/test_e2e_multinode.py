@@ -1,9 +1,10 @@
 """A real two-node Ray cluster on this machine (fedray.testing.cluster): runs submitted with
 ``fedray submit`` spread their workers over both nodes, return their results through a ``file://``
-URI, and survive losing the second node mid-run with the same final model. Stateful algorithms
-(MOON, FedCoSR) keep their client state on a real S3 endpoint (moto's server on loopback) instead
-of a shared directory and survive the same loss; a run whose client state would be node-local is
-refused before its first round.
+URI, and survive losing the second node mid-run with the same final model. A stateful algorithm
+(FedCoSR's personal layers) keeps its client state on a real S3 endpoint (moto's server on loopback)
+instead of a shared directory and survives the same loss; a run whose client state would be
+node-local is refused before its first round. (The S3 state store itself, and SCAFFOLD's state in
+it, are proven on the local backend: tests/runtime/test_state_store.py, tests/runtime/test_support_walk.py.)
 
 The cluster is isolated from the session's ``ray_session`` and from any other Ray on the machine
 (own ports, temp dir and token) and only its own processes are stopped.
@@ -196,17 +197,13 @@ def state_objects(s3: LocalS3, prefix: str) -> list[str]:
     return sorted(info.path for info in filesystem.get_file_info(selector) if info.path.endswith(".pt"))
 
 
-def start_run(cluster: LocalCluster, work_dir, log, mode: str, *args: str) -> subprocess.Popen:
-    """``fedray run ARGS`` on the cluster, as a submitted job whose log ``fedray jobs logs --follow``
-    follows to its end (``submit``) or as a driver on this machine connected to the head (``driver``),
-    its output going to the file ``log``."""
+def start_run(cluster: LocalCluster, work_dir, log, *args: str) -> subprocess.Popen:
+    """``fedray run ARGS`` submitted to the cluster as a job whose log ``fedray jobs logs --follow``
+    follows to its end, its output going to the file ``log``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | cluster.client_env
-    if mode == "submit":
-        submitted = submit(cluster, work_dir, "--", "run", *args)
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        command = ["fedray", "jobs", "logs", job_id(submitted), "--follow", "--address", cluster.dashboard_url]
-    else:
-        command = ["fedray", "run", *args, "--address", f"127.0.0.1:{cluster.gcs_port}"]
+    submitted = submit(cluster, work_dir, "--", "run", *args)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    command = ["fedray", "jobs", "logs", job_id(submitted), "--follow", "--address", cluster.dashboard_url]
     with open(log, "w") as output:
         process = subprocess.Popen(command, cwd=work_dir, env=env, stdout=output, stderr=subprocess.STDOUT)
     process.log = log
@@ -218,14 +215,13 @@ def finish(process: subprocess.Popen) -> None:
     assert process.returncode == 0, process.log.read_text()[-4000:]
 
 
-@pytest.mark.parametrize("algorithm, mode", [("moon", "driver"), ("fedcosr", "submit")])
-def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path, algorithm, mode):
+def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path):
     """No directory is shared for client state: it lives on the S3 endpoint. Clients of the second
     node's worker move to its replacement on the head, which reads their state from S3; the run
     ends with the weights and metrics of an uninterrupted run (the same config on the local backend
     in this process, bit-identical to an uninterrupted cluster run: tests/runtime/test_backends.py).
-    MOON runs from a driver connected to the cluster, FedCoSR as a submitted job that
-    ``fedray jobs logs --follow`` follows to its end."""
+    The run is a submitted job that ``fedray jobs logs --follow`` follows to its end."""
+    algorithm = "fedcosr"
     the_cluster, second, nodes = second_node(cluster)
     config = stateful_config(work_dir, algorithm)
     results = tmp_path / "runs"
@@ -234,7 +230,7 @@ def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, 
     run_experiment(reference, progress=False)
 
     common = [config, "--quiet", "--set", f"output.dir={results}", "--set", state_dir, "--set", "output.name=faulted"]
-    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", mode, *common)
+    faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", *common)
     run_dir = results / "faulted"
     deadline = time.monotonic() + 300
     while not list_checkpoints(run_dir):  # round 1 is done: both nodes have workers at work
