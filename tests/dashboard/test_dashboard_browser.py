@@ -73,6 +73,11 @@ TINY_RUN = [
 ]
 
 
+# The tests that read the real sweep run on one pytest-xdist worker (``--dist loadgroup``): the module-scoped
+# sweep is then made once, not once on every worker that happens to get one of them.
+on_the_real_sweep = pytest.mark.xdist_group("dashboard_real_sweep")
+
+
 def tune_available() -> bool:
     try:
         from fedray.tune import load_sweep, run_sweep  # noqa: F401
@@ -87,7 +92,8 @@ def tune_available() -> bool:
 
 @pytest.fixture(scope="module")
 def real_sweep(ray_session, tmp_path_factory) -> Path:
-    """A real 2-trial FedProx sweep over α (grid) and μ (choice), 2 rounds each, made by ``fedray tune``.
+    """A real 2-trial FedProx sweep over α (grid) and μ (choice), 2 rounds each, made by ``fedray tune``,
+    once for every test that reads it (they are all marked ``on_the_real_sweep``).
     In a checkout without ``fedray.tune`` it is made of two ``run_experiment`` runs in ``trials/<id>/``
     plus the contract's ``trials.parquet`` / ``rounds.parquet`` / ``meta.json`` written from their metrics."""
     root = tmp_path_factory.mktemp("sweeps")
@@ -213,6 +219,7 @@ def check_sweep_page(page, sweep: Path, swept_keys: list[str]) -> list[dict]:
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(page, real_sweep):
     with serve(real_sweep) as server:
         open_dashboard(page, server)
@@ -234,6 +241,7 @@ def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(pag
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_sweep, tmp_path):
     sweep = tmp_path / real_sweep.name
     shutil.copytree(real_sweep, sweep, ignore=shutil.ignore_patterns("tune"))
@@ -263,6 +271,7 @@ def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_s
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_clicking_a_trial_shows_its_run(page, real_sweep):
     trial_id = trials_by_alpha(real_sweep)[10.0]
     with serve(real_sweep) as server:
@@ -282,6 +291,7 @@ def test_clicking_a_trial_shows_its_run(page, real_sweep):
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_real_sweep_has_importance_history_and_a_timeline_of_what_its_trials_held(page, real_sweep):
     """On the folder ``fedray tune`` wrote: fANOVA importance of α and μ (Optuna), both trials in the optimisation
     history, and one timeline bar per trial with the CPUs of its placement group (``placement.json``)."""
@@ -305,6 +315,7 @@ def test_real_sweep_has_importance_history_and_a_timeline_of_what_its_trials_hel
 @needs_browser
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_single_run_directory_opens_its_run_view(page, real_sweep):
     trial_id = trials_by_alpha(real_sweep)[0.1]
     with serve(real_sweep / "trials" / trial_id) as server:
@@ -320,6 +331,7 @@ def test_single_run_directory_opens_its_run_view(page, real_sweep):
 
 @pytest.mark.slow
 @pytest.mark.ray
+@on_the_real_sweep
 def test_fedray_tune_writes_what_the_dashboard_reads(real_sweep):
     """The sweep directory contract, seen from the dashboard's side, on a folder written by ``fedray tune``."""
     if not tune_available():
