@@ -253,16 +253,23 @@ def test_trimmed_mean_drops_the_extremes_of_every_coordinate(user_dir):
     assert metrics == {"trimmed_clients": 2.0}
 
 
-# --------------------------------------------------------------------- end to end on a real local Ray
+# --------------------------------------------------------------------- end to end: CLI (local backend), Python API on Ray, mlflow
 
 
 @pytest.mark.slow
-def test_fedray_run_cli_runs_an_out_of_tree_algorithm_and_callback(user_dir, tmp_path):
+def test_fedray_run_cli_runs_a_users_algorithm_callback_and_model(user_dir, tmp_path):
     """``fedray run`` in a subprocess, the user's directory as its working directory; PYTHONPATH holds
-    only fedray. Its own local Ray gets the module through the server actor's runtime_env."""
+    only fedray. The command imports the out-of-tree algorithm, callback and model (``my_model.py``,
+    with ``model.kwargs``) from there, checks the model and trains it. One worker: the local backend,
+    no Ray (bit-identical to Ray by design); shipping the same kinds of user code to Ray's server and
+    workers is proven by ``test_python_api_runs_users_code_on_the_session_ray`` (runs) and
+    ``tests/e2e/test_user_code_sweep.py`` (``fedray tune``'s trials)."""
     config = {
         **TINY,
-        "algorithm": {"name": "mylab.fedavgm:FedAvgM", "server_momentum": 0.5},
+        # momentum 0 (not the default 0.9): with momentum, DigitsNet's BatchNorm statistics make this tiny run collapse
+        "algorithm": {"name": "mylab.fedavgm:FedAvgM", "server_momentum": 0.0},
+        "model": {"name": "my_model:DigitsNet", "kwargs": {"width": 8}},
+        "resources": {"num_workers": 1},
         "output": {**TINY["output"], "dir": str(tmp_path / "runs"), "name": "cli", "callbacks": ["mylab.loggers:JsonLinesLogger"]},
     }
     (user_dir / "cfg.yaml").write_text(yaml.safe_dump(config))
@@ -275,18 +282,23 @@ def test_fedray_run_cli_runs_an_out_of_tree_algorithm_and_callback(user_dir, tmp
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "cli"
+    assert not (run_dir / "workers.json").exists()  # the local backend: no Ray actors
     rows = read_metrics(run_dir, "round")
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert all(row["server_step_norm"] > 0 for row in rows)  # FedAvgM's own aggregate ran in the server
+    assert rows[-1]["test_accuracy"] > 0.2  # the user's model trained, not chance (10 classes)
     logged = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [row["round"] for row in logged] == [1, 2, 3]  # the out-of-tree callback saw every round
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["server_lr"] == 1.0
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (saved["algorithm"]["server_momentum"], saved["algorithm"]["server_lr"]) == (0.0, 1.0)  # given, and the default filled
+    assert (saved["model"]["name"], saved["model"]["kwargs"]) == ("my_model:DigitsNet", {"width": 8})
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_python_api_runs_an_out_of_tree_algorithm_on_the_session_ray(ray_session, user_dir, tmp_path):
-    """The session's Ray was started from the repository, so the workers can import ``mylab`` only
+def test_python_api_runs_users_code_on_the_session_ray(ray_session, user_dir, tmp_path):
+    """The session's Ray was started from the repository, so its server and two worker actors can
+    import the out-of-tree algorithm, callback and model (``my_model.py``, a single-file module) only
     from the runtime_env fedray ships with the server actor."""
     import ray
 
@@ -301,47 +313,25 @@ def test_python_api_runs_an_out_of_tree_algorithm_on_the_session_ray(ray_session
         {
             **TINY,
             "algorithm": {"name": "mylab.trimmed_mean:TrimmedMean", "trim_fraction": 0.25},
+            "model": {"name": "my_model:DigitsNet", "kwargs": {"width": 8}},
+            "resources": {"num_workers": 2, "backend": "ray"},
             "output": {**TINY["output"], "dir": str(tmp_path / "runs"), "name": "api", "callbacks": ["mylab.loggers:JsonLinesLogger"]},
         }
     )
+    assert user_module_paths(config) == [str(user_dir / "mylab"), str(user_dir / "my_model.py")]  # what is shipped
     summary = fedray.run_experiment(config, progress=False, extra_callbacks=[Recorder()])
     assert summary.rounds == 3 and summary.final_test_accuracy > 0.2
     assert received == [(1, 4), (2, 4), (3, 4)]
     rows = fedray.read_metrics(summary.run_dir)
     assert [row["trimmed_clients"] for row in rows] == [2.0, 2.0, 2.0]  # int(0.25 · 4) at each end
     assert len((Path(summary.run_dir) / "rounds.jsonl").read_text().splitlines()) == 3
+    [placement] = json.loads((Path(summary.run_dir) / "workers.json").read_text())["placements"]
+    assert len(placement["worker_node_ids"]) == 2  # the workers were Ray actors
 
 
 @pytest.mark.slow
-def test_fedray_tune_runs_every_trial_of_an_out_of_tree_algorithm(user_dir, tmp_path):
-    """A 2-trial ``fedray tune`` (subprocess): the trials, created by Tune, import the module from the
-    job's runtime_env; each trial's server and workers from the server's."""
-    base = {**TINY, "algorithm": {"name": "mylab.fedavgm:FedAvgM"}, "resources": {"num_workers": 1}}
-    sweep = {
-        "base": base,
-        "space": {"algorithm.server_momentum": {"grid": [0.0, 0.5]}},
-        "output": {"dir": str(tmp_path / "sweeps")},
-        "max_concurrent_trials": 1,
-    }
-    (user_dir / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    result = subprocess.run(
-        [sys.executable, "-m", "fedray.cli.main", "tune", "sweep.yaml"], capture_output=True, text=True, env=subprocess_env(), timeout=500
-    )
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-    [sweep_dir] = list((tmp_path / "sweeps").iterdir())
-    import pyarrow.parquet as pq
-
-    trials = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
-    assert sorted(t["algorithm.server_momentum"] for t in trials) == [0.0, 0.5]
-    assert all(t["status"] == "TERMINATED" and t["round"] == 3 for t in trials), trials
-    for trial in trials:
-        rows = read_metrics(sweep_dir / trial["run_dir"], "round")
-        assert len(rows) == 3 and all(row["server_step_norm"] > 0 for row in rows)
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(ray_session, tmp_path, monkeypatch):
+def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(tmp_path, monkeypatch):
+    """On the local backend: run callbacks run in the driver, on Ray too."""
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
@@ -351,6 +341,7 @@ def test_mlflow_callback_writes_a_run_that_mlflows_client_reads_back(ray_session
         {
             **TINY,
             "data": {"num_clients": 6, "alpha": 0.3},
+            "resources": {"backend": "local"},
             "output": {"dir": str(tmp_path / "runs"), "name": "tracked", "tensorboard": False, "callbacks": ["mlflow"]},
         }
     )

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from fedray import load_config
 from fedray.algorithms import get_algorithm_class
@@ -28,7 +27,6 @@ from fedray.models.checks import check_model_output, example_batch
 from fedray.models.wrap import WrappedModule
 from fedray.plugins import user_module_paths
 from fedray.runtime.experiment import prepare_data
-from fedray.tracking import read_metrics
 from test_alg_fedsc import context, initial_model, setup
 from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected, create_files, tree
@@ -367,34 +365,9 @@ def test_bad_model_inputs_exit_2_with_one_line_and_write_nothing(tmp_path, args,
 
 # ---------------------------------------------------------------------- end to end
 
-
-@pytest.mark.slow
-def test_fedray_run_trains_the_users_model(tmp_path):
-    """``fedray run`` in a subprocess whose working directory holds the user's module (PYTHONPATH holds
-    only fedray): the driver checks the model, the server and workers import it from the shipped module."""
-    (tmp_path / "nets.py").write_text(USER_MODULE)
-    config = {
-        "data": {"num_clients": 4},
-        "model": {"name": "nets:PlainCNN", "kwargs": {"width": 8}},
-        "train": {"rounds": 2, "clients_per_round": 2, "local_epochs": 1},
-        "resources": {"num_workers": 2},  # more than one worker: Ray actors, which import the shipped module
-        "output": {"dir": str(tmp_path / "runs"), "name": "mine", "tensorboard": False, "plots": False},
-    }
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [sys.executable, "-m", "fedray.cli.main", "run", "cfg.yaml", "--quiet"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_metrics(tmp_path / "runs" / "mine", "round")
-    assert [row["round"] for row in rows] == [1, 2]
-    assert rows[-1]["test_accuracy"] > 0.2  # trained, not chance (10 classes)
-    saved = yaml.safe_load((tmp_path / "runs" / "mine" / "config.yaml").read_text())["model"]
-    assert (saved["name"], saved["kwargs"]) == ("nets:PlainCNN", {"width": 8})
+# ``fedray run`` training the user's model (``my_model:DigitsNet`` with ``model.kwargs``) from its working
+# directory: ``test_plugins.py::test_fedray_run_cli_runs_a_users_algorithm_callback_and_model``; its server
+# and Ray worker actors importing the shipped module: ``test_plugins.py::test_python_api_runs_users_code_on_the_session_ray``.
 
 
 @pytest.mark.slow
