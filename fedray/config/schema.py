@@ -545,6 +545,11 @@ class FedBuffConfig(Section):
         description="an update more than this many versions old is discarded on arrival, counted as late, and does not fill the "
         "buffer (SAFA's lag tolerance; null: every update is aggregated)",
     )
+    mixing: Literal["delta", "model"] = Field(
+        "delta",
+        description="delta: a client's update is its change from the version it started from (FedBuff); model: the server mixes the "
+        "client's model into the current one, w + s(τ)·(w_k − w) (FedAsync, Xie et al. 2019, with buffer_size 1)",
+    )
 
     def concurrency_for(self, clients_per_round: int) -> int:
         """The concurrency C of a run with ``train.clients_per_round`` = ``clients_per_round``."""

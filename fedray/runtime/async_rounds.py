@@ -128,7 +128,7 @@ class BufferedAggregation:
         groups = [
             (merge_partials(partials_by_version[v]), weight_of[v], self.broadcasts[v]["weights"]) for v in sorted(partials_by_version)
         ]
-        return buffered_results(groups, self.broadcasts[version]["weights"])
+        return buffered_results(groups, self.broadcasts[version]["weights"], engine.config.systems.fedbuff.mixing)
 
     def _shared(self, version: int) -> Any:
         """The pool's handle on ``version``'s broadcast (shared again after a resume)."""

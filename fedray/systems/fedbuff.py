@@ -81,7 +81,7 @@ def staleness_weights(staleness: np.ndarray, exponent: float) -> np.ndarray:
     return np.power(1.0 + np.asarray(staleness, dtype=np.float64), -exponent)
 
 
-def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], current: torch.Tensor) -> RoundResults:
+def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], current: torch.Tensor, mixing: str = "delta") -> RoundResults:
     """A buffer's updates as the :class:`RoundResults` of one weighted-mean round, whose
     ``sums["weights"] / sums["num_samples"]`` the algorithm's ``aggregate`` takes as the round's mean:
 
@@ -93,6 +93,12 @@ def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], cur
     with ``algorithm.server_optimizer: none`` and ``server_lr`` η = 1, w + η·Δ̄ with another η (the
     paper's server learning rate), or a server optimizer's step on the pseudo-gradient Δ̄.
 
+    With ``mixing`` = ``"model"`` (``systems.fedbuff.mixing``) w_{v_k} is replaced by w: the mean is
+    w + Σ_k s(τ_k) · n_k · (w_k − w) / Σ_k n_k, and with one update a buffer (``buffer_size`` 1) and
+    ``server_lr`` α the server's step is FedAsync's mixing (Xie et al., "Asynchronous Federated
+    Optimization", 2019, Algorithm 1): w ← (1 − α_t)·w + α_t·w_k, α_t = α·s(τ). For fresh updates
+    (w_{v_k} = w) both are the same sums.
+
     ``groups``: per model version the buffer's clients started from, their merged results, their
     common s(τ), and that version's float32 weights. The sums are formed so that one group of fresh
     updates (τ = 0, from ``current``) gives exactly the sums a synchronous round of the same clients
@@ -103,6 +109,8 @@ def buffered_results(groups: list[tuple[RoundResults, float, torch.Tensor]], cur
     for results, weight, start in groups:
         if results.num_clients == 0:
             continue
+        if mixing == "model":
+            start = current
         if set(results.sums) != WEIGHTED_SUMS:
             raise TypeError(f"train.mode=async combines the sums {sorted(WEIGHTED_SUMS)} only; the clients uploaded {sorted(results.sums)}")
         term = float(weight) * results.sums["weights"]
