@@ -9,6 +9,8 @@ Endpoints (all GET):
 - ``/api/curves?metric=M&trial=ID&trial=ID...`` → downsampled metric-vs-round curves of those trials;
 - ``/api/groups?by=KEY&by=KEY...&metric=M`` → the comparison table (mean ± std per group of trials that
   share the values of those swept keys) and each group's mean ± std band of M round by round;
+- ``/api/heatmap?x=KEY&y=KEY[&metric=M]`` → the mean final M (default: the sweep's metric) of the trials that
+  share each pair of values of two swept keys, with their count; an unknown key or metric answers 400;
 - ``/api/importance?value=latest_metric|best_metric`` → fANOVA importance of each swept key (Optuna's evaluator);
 - ``/api/run?trial=ID[&round=R]`` → one run's curves, its client metrics summarised per round, the
   per-client values at round R (at most ``MAX_CLIENT_POINTS`` clients), config;
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from fedray.dashboard.data import DashboardData
+from fedray.dashboard.data import BadRequest, DashboardData
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_FILES = {"index.html", "app.js", "style.css"}
@@ -243,6 +245,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 self.send_json(data.curves(query.get("trial", []), first(query, "metric") or data.overview().metric))
             elif url.path == "/api/importance":
                 self.send_json(data.importance(first(query, "value") or "latest_metric"))
+            elif url.path == "/api/heatmap":
+                self.send_json(data.heatmap(first(query, "x") or "", first(query, "y") or "", first(query, "metric")))
             elif url.path == "/api/groups":
                 self.send_json(data.groups(query.get("by", []), first(query, "metric") or data.overview().metric))
             elif url.path == "/api/run":
@@ -262,6 +266,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
                     self.send_file(path, cache=False)
             else:
                 self.send_error_json(HTTPStatus.NOT_FOUND, f"no page {url.path!r}")
+        except BadRequest as error:
+            self.send_error_json(HTTPStatus.BAD_REQUEST, str(error))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away mid-response
         except Exception as error:  # a bug must show on the page (without its paths), and in full in the terminal

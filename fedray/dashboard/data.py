@@ -114,6 +114,11 @@ CATEGORICAL_DOMAINS = ("grid", "choice")
 Kind = Literal["sweep", "sweeps", "run", "runs", "empty", "missing"]
 
 
+class BadRequest(ValueError):
+    """A request's parameter names nothing here (an unknown swept key or metric): the server answers
+    400 with the message."""
+
+
 @dataclass
 class Message:
     level: Literal["info", "warning", "error"]
@@ -373,6 +378,48 @@ def group_trials(trials: list[dict[str, Any]], by: list[str], mode: str, metric:
             if group["metric_name"] == name:
                 group["best_group"] = group is best
     return ordered
+
+
+def final_values(rounds: pd.DataFrame, metric: str) -> dict[str, float]:
+    """Each trial's final value of ``metric`` in ``rounds`` (rows of several trials): its value at the last
+    round that reported it finite; trials that never did get no entry."""
+    if metric not in rounds.columns:
+        return {}
+    values = pd.to_numeric(rounds[metric], errors="coerce")
+    frame = pd.DataFrame({"trial_id": rounds["trial_id"].to_numpy(), "round": rounds["round"].to_numpy(), "value": values.to_numpy()})
+    frame = frame[np.isfinite(frame["value"])].sort_values("round", kind="stable")
+    return {str(trial_id): float(value) for trial_id, value in frame.groupby("trial_id", sort=False)["value"].last().items()}
+
+
+def heatmap_grid(trials: list[dict[str, Any]], values: dict[str, float], x: str, y: str) -> dict[str, Any]:
+    """The heatmap of ``values`` (trial id → the trial's value) over the keys ``x`` and ``y`` of ``trials``:
+    the cell of (x value, y value) is the mean of the values of the trials with those values (so averaged over
+    every other key, seeds included) and ``count`` how many they are. Trials without a value are left out; a
+    pair that no trial with a value has is a missing cell (mean None, count 0). The axes' values are ordered by
+    :func:`sort_key` (numbers by value, then text, None last), and named by :func:`format_value` in
+    ``x_labels``/``y_labels``; ``mean`` and ``count`` are lists of rows, one per y value."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    axis_values: dict[str, dict[str, Any]] = {x: {}, y: {}}
+    for trial in trials:
+        value = values.get(trial["trial_id"])
+        if value is None:
+            continue
+        for key in (x, y):
+            axis_values[key].setdefault(repr(trial.get(key)), trial.get(key))
+        cells.setdefault((repr(trial.get(x)), repr(trial.get(y))), []).append(value)
+    xs, ys = (sorted(axis_values[key].items(), key=lambda item: sort_key(item[1])) for key in (x, y))
+    stats = {cell: mean_std(cell_values) for cell, cell_values in cells.items()}
+    empty = {"mean": None, "n": 0}
+    return {
+        "x": x,
+        "y": y,
+        "x_values": [v for _, v in xs],
+        "y_values": [v for _, v in ys],
+        "x_labels": [format_value(v) for _, v in xs],
+        "y_labels": [format_value(v) for _, v in ys],
+        "mean": [[stats.get((i, j), empty)["mean"] for i, _ in xs] for j, _ in ys],
+        "count": [[stats.get((i, j), empty)["n"] for i, _ in xs] for j, _ in ys],
+    }
 
 
 def band(rounds: pd.DataFrame, metric: str, max_points: int) -> dict[str, Any]:
@@ -1220,6 +1267,34 @@ class DashboardData:
         for group in table:
             group["curve"] = band(rounds[rounds["trial_id"].isin(group["trial_ids"])], metric, self.max_curve_points)
         return json_safe({"by": keys, "metric": overview.metric, "mode": overview.mode, "curve_metric": metric, "groups": table})
+
+    def heatmap(self, x: str, y: str, metric: str | None) -> dict[str, Any]:
+        """The heatmap of ``metric`` (default: the sweep's) over the swept keys ``x`` and ``y`` (:func:`heatmap_grid`):
+        each trial's final value (:func:`final_values`), over the trials that finished or are running (failed,
+        interrupted, stalled and stopped ones are left out, as in the comparison table) and, for the sweep's own
+        metric, measure its quantity. ``left_out`` counts the trials left out. An unknown key or metric, or
+        ``x`` equal to ``y``, raises :class:`BadRequest`."""
+        overview = self.overview()
+        metric = metric or overview.metric
+        for key in (x, y):
+            if key not in overview.swept_keys:
+                swept = ", ".join(overview.swept_keys) or "none"
+                raise BadRequest(f"{key!r} is not a swept key of {self.root.name} (swept keys: {swept})")
+        if x == y:
+            raise BadRequest(f"pick two different keys for the heatmap's axes (both are {x!r})")
+        if metric not in overview.round_metrics:
+            reported = ", ".join(overview.round_metrics) or "none yet"
+            raise BadRequest(f"no trial of {self.root.name} reports {metric!r} (metrics: {reported})")
+        counted = [
+            t
+            for t in overview.trials
+            if t.get("status") not in UNFINISHED_STATUSES and (metric != overview.metric or t["metric_name"] == metric)
+        ]
+        with self.lock:
+            rounds = self._rounds
+        values = final_values(rounds[rounds["trial_id"].isin([t["trial_id"] for t in counted])], metric)
+        grid = heatmap_grid(counted, values, x, y)
+        return json_safe({"metric": metric, "value": "final", **grid, "left_out": len(overview.trials) - len(values)})
 
     def importance(self, value_key: str) -> dict[str, Any]:
         """Hyperparameter importance (:func:`param_importances`) of the swept keys for ``value_key``
