@@ -417,6 +417,17 @@ def test_comparison_table_bands_labels_and_categorical_axes(page, tmp_path):
         assert page.is_visible("#ray-link") and page.is_visible("#ray-token") and "ray get-auth-token" in page.inner_text("#ray-token")
         screenshot(page, "dashboard_compare_grouped.png")
 
+        # the heatmap: x and y the first two swept keys, the sweep's metric; hetero_ssfl measures another quantity
+        page.wait_for_function("document.getElementById('heatmap-plot').data?.[0]?.type === 'heatmap'")
+        heatmap = page.evaluate("(({x, y, z, customdata}) => ({x, y, z, customdata}))(document.getElementById('heatmap-plot').data[0])")
+        assert (heatmap["x"], heatmap["y"], heatmap["customdata"]) == (["fedavg", "fedsc"], ["0.1", "0.5"], [[2, 2], [2, 1]])
+        assert heatmap["z"][0][0] == pytest.approx(0.95 * 0.61) and heatmap["z"][1][0] == pytest.approx((0.95 * 0.7 + 0.72) / 2)
+        page.select_option("#heatmap-metric", "probe_accuracy")
+        page.wait_for_function("document.getElementById('heatmap-plot').data[0].x.join() === 'hetero_ssfl'")
+        page.select_option("#heatmap-x", "data.alpha")  # the other axis's key: the two swap
+        page.wait_for_function("document.getElementById('heatmap-plot').data[0].y.join() === 'hetero_ssfl'")
+        screenshot(page, "dashboard_heatmap.png")
+
         page.uncheck("#group-by input[value='algorithm.name']")  # by α only: supervised and probe groups stay apart
         page.wait_for_function("document.querySelectorAll('#groups-table tbody tr').length === 4")
         assert [r[1:3] for r in group_rows(page)] == [

@@ -68,6 +68,7 @@ const state = {
   compare: { selected: null, metric: null, key: null },  // a folder of sweeps: the sweeps ticked, the curves' metric
   runLogKey: null,           // the log shown (trial and size), to redraw it only when it grew
   pairedMetric: null,        // the metric of the paired comparison's table (null: the sweep's own)
+  heatmap: { x: null, y: null, metric: null, key: null },  // the heatmap's keys and metric, and what it shows
 };
 
 const $ = (id) => document.getElementById(id);
@@ -115,6 +116,16 @@ function fmtMeanStd(stats, metric) {
 }
 
 function keyName(key) { return SYMBOLS[key] ? `${key} (${SYMBOLS[key]})` : key; }
+
+function setMenu(menu, options, value, label = (option) => option) {
+  // a <select>'s options (rebuilt only when they changed, so an open menu stays open) and its value
+  const signature = JSON.stringify(options);
+  if (menu.dataset.signature !== signature) {
+    menu.dataset.signature = signature;
+    menu.replaceChildren(...options.map((option) => new Option(label(option), option)));
+  }
+  if (value !== null && value !== undefined) menu.value = value;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Data
@@ -389,12 +400,7 @@ function renderMetricMenu(ov) {
   const menu = $("curve-metric");
   const options = ov.round_metrics.length ? ov.round_metrics : [ov.metric];
   if (!state.curveMetric || !options.includes(state.curveMetric)) state.curveMetric = options.includes(ov.metric) ? ov.metric : options[0];
-  const signature = options.join("|");
-  if (menu.dataset.signature !== signature) {
-    menu.dataset.signature = signature;
-    menu.replaceChildren(...options.map((m) => new Option(m, m)));
-  }
-  menu.value = state.curveMetric;
+  setMenu(menu, options, state.curveMetric);
 }
 
 function roundAxis(traces) {
@@ -701,12 +707,7 @@ function renderPaired(ov) {
   const section = pairedSection();
   const metrics = paired.metrics.map((m) => m.metric);
   if (!metrics.includes(state.pairedMetric)) state.pairedMetric = metrics[0];
-  const select = $("paired-metric");
-  if (select.dataset.signature !== JSON.stringify(metrics)) {
-    select.dataset.signature = JSON.stringify(metrics);
-    select.replaceChildren(...metrics.map((m) => new Option(m, m)));
-  }
-  select.value = state.pairedMetric;
+  setMenu($("paired-metric"), metrics, state.pairedMetric);
   const chosen = paired.metrics.find((m) => m.metric === state.pairedMetric);
   const level = `${Math.round(100 * paired.confidence)}%`;
   $("paired-note").textContent = `Reference: ${paired.reference} (${paired.reference_rule}). Each row: the mean over n seeds of ` +
@@ -950,6 +951,50 @@ async function renderImportance(ov) {
   }], {
     margin: { l: 10, r: 50, t: MODEBAR_ROOM, b: 45 }, xaxis: { title: { text: "importance (fANOVA)" }, tickformat: ".0%", range: [0, 1.05] },
     yaxis: { automargin: true }, showlegend: false,
+  }, SMALL_PLOT_CONFIG);
+}
+
+async function renderHeatmap(ov) {
+  // the mean final value of a metric over two swept keys (/api/heatmap): one cell per pair of their values
+  const keys = ov.kind === "sweeps" ? [] : ov.swept_keys;
+  const h = state.heatmap;
+  $("heatmap-section").hidden = keys.length < 2;
+  if (keys.length < 2) { h.key = null; purgePlot($("heatmap-plot")); return; }
+  const metrics = ov.round_metrics.length ? ov.round_metrics : [ov.metric];
+  if (!keys.includes(h.x)) h.x = keys[0];
+  if (!keys.includes(h.y) || h.y === h.x) h.y = keys.find((k) => k !== h.x);
+  if (!metrics.includes(h.metric)) h.metric = metrics.includes(ov.metric) ? ov.metric : metrics[0];
+  setMenu($("heatmap-x"), keys, h.x, keyName);
+  setMenu($("heatmap-y"), keys, h.y, keyName);
+  setMenu($("heatmap-metric"), metrics, h.metric);
+  const key = JSON.stringify([ov.version, h.x, h.y, h.metric]);
+  if (key === h.key) return;
+  h.key = key;
+  let data;
+  try {
+    data = await getJSON(`/api/heatmap?${new URLSearchParams({ x: h.x, y: h.y, metric: h.metric })}`);
+  } catch (error) {
+    if (key === h.key) h.key = null;  // asked again at the next refresh
+    throw error;
+  }
+  if (key !== h.key) return;  // the folder or a menu changed meanwhile
+  const trials = data.count.flat().reduce((a, b) => a + b, 0);
+  $("heatmap-note").textContent = `Each cell: the mean final ${data.metric} (at each trial's last round that reported it) of the ` +
+    `trials with those values of ${data.x} and ${data.y}, over every other swept key (e.g. seed); hover for how many. ` +
+    `${trials} trials` + (data.left_out ? `; ${data.left_out} left out (failed, stopped, measuring another quantity or not reporting ${data.metric}).` : ".");
+  showPlot("heatmap", trials > 0, `No finished or running trial reports ${data.metric} yet.`);
+  if (!trials) return;
+  const div = $("heatmap-plot");
+  div.style.height = `${Math.max(260, 130 + 40 * data.y_labels.length)}px`;
+  await drawPlot(div, [{
+    type: "heatmap", x: data.x_labels, y: data.y_labels, z: data.mean, customdata: data.count,
+    colorscale: "Viridis", hoverongaps: false, texttemplate: "%{z:.3g}", colorbar: { title: { text: data.metric } },
+    hovertemplate: `${keyName(data.x)}: %{x}<br>${keyName(data.y)}: %{y}<br>mean final ${data.metric}: %{z:.4g}` +
+      "<br>over %{customdata} trial(s)<extra></extra>",
+  }], {
+    margin: { l: 10, r: 10, t: MODEBAR_ROOM, b: 45 },
+    xaxis: { title: { text: keyName(data.x) }, type: "category", automargin: true },
+    yaxis: { title: { text: keyName(data.y) }, type: "category", automargin: true },
   }, SMALL_PLOT_CONFIG);
 }
 
@@ -1334,12 +1379,7 @@ async function renderComparison(ov) {
   const chosen = ov.sweeps.filter((s) => state.compare.selected.has(s.name));
   const metrics = [...new Set(chosen.flatMap((s) => s.round_metrics))];
   if (!state.compare.metric || !metrics.includes(state.compare.metric)) state.compare.metric = chosen.length ? chosen[0].metric : null;
-  const menu = $("compare-metric");
-  if (menu.dataset.signature !== metrics.join("|")) {
-    menu.dataset.signature = metrics.join("|");
-    menu.replaceChildren(...metrics.map((m) => new Option(m, m)));
-  }
-  if (state.compare.metric) menu.value = state.compare.metric;
+  setMenu($("compare-metric"), metrics, state.compare.metric);
   const key = JSON.stringify([ov.version, chosen.map((s) => s.name), state.compare.metric, state.xAxis]);
   if (key === state.compare.key) return;
   state.compare.key = key;
@@ -1435,6 +1475,7 @@ async function refresh() {
   renderBest(ov);
   renderHistory(ov);
   renderTimeline(ov);
+  renderHeatmap(ov).catch(showError);
   renderImportance(ov).catch(showError);  // not awaited: the first fit (importing Optuna) takes seconds
   await renderCurves();
   await renderRun();
@@ -1488,6 +1529,12 @@ function init() {
     renderHistory(state.overview);
     renderImportance(state.overview).catch(showError);
   });
+  ["x", "y", "metric"].forEach((part) => $(`heatmap-${part}`).addEventListener("change", (e) => {
+    const h = state.heatmap, other = { x: "y", y: "x" }[part];
+    if (other && e.target.value === h[other]) h[other] = h[part];  // picking the other axis's key swaps the two
+    h[part] = e.target.value;
+    if (state.overview) renderHeatmap(state.overview).catch(showError);
+  }));
   $("trials-filter").addEventListener("input", (e) => {
     if (!state.overview) return;
     state.filter = parseFilter(e.target.value, state.overview);
