@@ -102,10 +102,13 @@ def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
     """Every ``(key, message)`` why ``privacy``/``robust``, when on, cannot handle what ``algorithm``
     uploads: robust rules and attacks handle :data:`MODEL_WEIGHTS` only; privacy also every upload
     whose keys are all ``clipped`` or ``constant``, each bound given (finite unless the noise
-    multiplier is 0), a per-client part under central DP with ``privacy.sampling: fixed_size`` only."""
+    multiplier is 0), a per-client part under central DP with ``privacy.sampling: fixed_size`` only;
+    ``privacy.secure_aggregation`` only uploads summed over the cohort (no ``payload`` key)."""
     config: RunConfig = algorithm.config
     privacy = config.privacy
-    keys = [key for key, on in (("privacy.mechanism", privacy.enabled), ("robust.*", config.robust.enabled)) if on]
+    secagg = privacy.secure_aggregation.enabled
+    on = (("privacy.mechanism", privacy.enabled), ("robust.*", config.robust.enabled), ("privacy.secure_aggregation", secagg))
+    keys = [key for key, enabled in on if enabled]
     if not keys:
         return []
     cls = type(algorithm)
@@ -114,6 +117,16 @@ def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
         message = f"{name} does not declare what it uploads (Algorithm.uploads), so it cannot be made private or robust"
         return [(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")]
     problems: list[tuple[str | None, str]] = []
+    per_client = sorted((upload for upload in algorithm.run_uploads() if upload.payload), key=lambda upload: upload.kind)
+    if secagg and per_client:
+        kinds = ", ".join(f"{upload.kind} ({', '.join(f'payload[{key!r}]' for key in upload.payload)})" for upload in per_client)
+        problems.append(
+            (
+                "privacy.secure_aggregation",
+                f"{name} uploads {kinds} client by client, and secure aggregation reveals only the cohort's sum; "
+                "use an algorithm whose uploads are summed, such as fedavg",
+            )
+        )
     others = sorted(algorithm.run_uploads() - {MODEL_WEIGHTS}, key=lambda upload: upload.kind)
     if config.robust.enabled and others:
         kinds = ", ".join(upload.kind for upload in others)

@@ -58,6 +58,34 @@ class AuditConfig(_Section):
         return self.guesses if self.guesses is not None else max(1, self.canaries // 4)
 
 
+class SecureAggregationConfig(_Section):
+    """``privacy.secure_aggregation``: the server sees only the cohort's sum, as under SecAgg (Bonawitz et
+    al., CCS 2017) or SecAgg+ (Bell et al., CCS 2020), simulated: no cryptography runs; what is modelled is
+    the sum-only release, the dropout threshold t, distributed noise and the protocol's cost
+    (:mod:`fedray.privacy.secure_aggregation`). Off by default."""
+
+    enabled: bool = False
+    protocol: Literal["secagg", "secagg_plus"] = Field(
+        "secagg",
+        description="secagg: each client agrees keys with every other client of the round (Bonawitz et al. 2017); "
+        "secagg_plus: with its k neighbours on a random k-regular graph, k = O(log n) (Bell et al. 2020)",
+    )
+    threshold: float = Field(
+        0.5,
+        gt=0,
+        description="t, the clients that must report for the sum to be unmasked: a fraction (<= 1) of "
+        "train.clients_per_round, rounded up, or a count (an integer > 1); a round with fewer fails, unchanged",
+    )
+    degree: int | None = Field(
+        None, gt=0, description="secagg_plus: k, each client's neighbours (None: min(n − 1, ⌈2·log₂ n⌉) for n clients)"
+    )
+    noise: Literal["central", "distributed"] = Field(
+        "central",
+        description="under privacy.mechanism=central: central, the server adds the noise to the sum; distributed, each of "
+        "the m = train.clients_per_round clients adds N(0, σ²/m) to its masked upload, so that the sum carries σ²",
+    )
+
+
 class PrivacyConfig(_Section):
     """``privacy``: user-level differential privacy of every upload (weights, prototypes, ...)."""
 
@@ -127,6 +155,10 @@ class PrivacyConfig(_Section):
         gt=0,
         description="adaptive clipping: σ_b, the std of the noise on the count of unclipped updates of a cohort of "
         "noise_cohort_size clients (None: noise_cohort_size/20, the paper's choice); must exceed z/2",
+    )
+    secure_aggregation: SecureAggregationConfig = Field(
+        default_factory=SecureAggregationConfig,
+        description="secure aggregation, simulated: the server sees only the sum of the cohort's uploads",
     )
     audit: AuditConfig = Field(
         default_factory=AuditConfig,
@@ -307,7 +339,7 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
                 f"robust.rule={robust.rule} needs each client's update, and privacy.mechanism=central noises only their sum; "
                 "use privacy.mechanism=local with a robust rule"
             )
-    problems += robust_attack_problems(config)
+    problems += robust_attack_problems(config) + secure_aggregation_problems(config)
     if robust.rule in ("krum", "multi_krum") and cohort < 2 * robust.krum_f + 3:
         problems.append(
             f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 2f + 3 "
@@ -328,6 +360,47 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
         problems.append(
             f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})"
         )
+    return problems
+
+
+def secure_aggregation_problems(config: RunConfig) -> list[str]:
+    """Every problem (one line each) of ``privacy.secure_aggregation`` with the rest of the config; those
+    of the algorithm's uploads are :func:`fedray.algorithms.uploads.upload_problems`'."""
+    secagg, privacy, cohort = config.privacy.secure_aggregation, config.privacy, config.train.clients_per_round
+    if not secagg.enabled:
+        return []
+    problems = []
+    if secagg.threshold > 1 and not secagg.threshold.is_integer():
+        problems.append(
+            f"privacy.secure_aggregation.threshold ({secagg.threshold:g}) is a fraction (<= 1) of train.clients_per_round or a count "
+            "(an integer)"
+        )
+    elif secagg.threshold > cohort:
+        problems.append(
+            f"privacy.secure_aggregation.threshold ({secagg.threshold:g}) must be <= train.clients_per_round ({cohort}): "
+            "no round could reach it"
+        )
+    if config.robust.collects_updates:
+        problems.append(
+            "robust.rule (and robust.attack=alie) need each client's update, and privacy.secure_aggregation reveals only the "
+            "cohort's sum; use one of them"
+        )
+    if secagg.noise == "distributed" and privacy.mechanism != "central":
+        problems.append(
+            "privacy.secure_aggregation.noise=distributed splits the central noise among the clients: it needs "
+            f"privacy.mechanism=central (got {privacy.mechanism})"
+        )
+    if secagg.noise == "distributed" and privacy.clipping == "adaptive":
+        problems.append(
+            "privacy.secure_aggregation.noise=distributed with privacy.clipping=adaptive is not simulated (the clients' shares "
+            "would need the server's z_Δ); use privacy.clipping=fixed or noise=central"
+        )
+    if secagg.noise == "distributed" and privacy.audit.enabled:
+        problems.append("privacy.audit scores the server's central noise; use privacy.secure_aggregation.noise=central with it")
+    if secagg.degree is not None and secagg.protocol != "secagg_plus":
+        problems.append("privacy.secure_aggregation.degree is SecAgg+'s k; set privacy.secure_aggregation.protocol=secagg_plus")
+    if config.train.mode == "async":
+        problems.append("privacy.secure_aggregation masks a synchronous cohort's sum; train.mode=async has no cohort (use sync)")
     return problems
 
 

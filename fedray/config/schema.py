@@ -627,6 +627,8 @@ class RunConfig(Section):
         they are enabled, so that a run without them saves, checkpoints and logs exactly the config it
         did before the sections existed."""
         off: dict[str, Any] = {name: True for name in ("systems", "privacy", "robust") if not getattr(self, name).enabled}
+        if self.privacy.secure_aggregation.enabled:  # secure aggregation without DP saves the section too
+            off.pop("privacy", None)
         if self.train.mode == "sync":  # nor train.mode and systems.fedbuff, whose keys are then at their defaults
             off["train"] = {"mode"}
             off.setdefault("systems", {"fedbuff"})
@@ -646,7 +648,7 @@ _KEYS_SAVED_WHEN_SET = {
     "train": ("loss", "huber_delta", "vectorize"),
     "resources": ("vectorize_group",),
     "output": ("record_update_hashes",),
-    "privacy": ("audit",),
+    "privacy": ("audit", "secure_aggregation"),
     "robust": ("attackers", "attackers_per_round", "alie_z", "trigger_size", "poison_fraction", "target_class", "boost"),
     "model": ("init_strict", "freeze", "adapters"),
 }

@@ -66,6 +66,7 @@ from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
 from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, undeclared_keys
 from fedray.config import ConfigError, RunConfig
 from fedray.config.privacy import adaptive_noise_problem, clipped_count_stddev, default_delta, noise_cohort_size, population_size
+from fedray.privacy.secure_aggregation import realised_noise_multiplier, survivor_threshold
 from fedray.privacy.clipping import clip_jointly, clip_to_norm, next_adaptive_clip
 from fedray.privacy.mechanisms import (
     central_noise,
@@ -109,6 +110,12 @@ def upload_path_enabled(config: RunConfig) -> bool:
     return config.privacy.enabled or config.robust.enabled
 
 
+def distributed_noise(config: RunConfig) -> bool:
+    """Whether each client adds its share of the central noise (``privacy.secure_aggregation.noise: distributed``)."""
+    secagg = config.privacy.secure_aggregation
+    return secagg.enabled and secagg.noise == "distributed" and config.privacy.mechanism == "central"
+
+
 class ClientUploadPath:
     """The worker's part, per client: attack, clip, local noise, compression, and the form the update travels in."""
 
@@ -125,6 +132,7 @@ class ClientUploadPath:
         self.private_uploads = sorted((upload for upload in uploads if upload.clipped or upload.constant), key=lambda upload: upload.kind)
         self.parts = private_parts(algorithm) if config.privacy.enabled else []
         self.released_parts = released_parts(algorithm) if config.privacy.enabled else 1
+        self.distributed = distributed_noise(config)
 
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm, num_clients: int) -> "ClientUploadPath | None":
@@ -172,6 +180,8 @@ class ClientUploadPath:
             metrics["update_norm"] = norm
             if privacy.mechanism == "local" and privacy.noise_multiplier:
                 delta = delta + local_noise(seed, round, client_id, delta, self.part_multiplier * clip)
+            elif self.distributed and privacy.noise_multiplier:
+                delta = delta + local_noise(seed, round, client_id, delta, self.noise_share_std(clip))
         if self.compression is not None:
             compressed = self.compression.compress(round, client_id, delta, residual)
             others = {key: value for key, value in update.sums.items() if key != "weights"}
@@ -225,6 +235,13 @@ class ClientUploadPath:
         """Local DP: z_i = √P·z, the noise multiplier of each of the client's P released parts."""
         return part_noise_multiplier(self.config.privacy.noise_multiplier or 0.0, self.released_parts)
 
+    def noise_share_std(self, bound: float) -> float:
+        """Distributed noise: σ/√m, the std of one client's share of the central noise σ = z_i·C·m/M on a
+        part clipped to ``bound`` = C, so that the m = ``train.clients_per_round`` shares sum to N(0, σ²)
+        (:mod:`fedray.privacy.secure_aggregation`)."""
+        cohort = self.config.train.clients_per_round
+        return central_noise_std(self.part_multiplier, bound, cohort, noise_cohort_size(self.config)) / cohort**0.5
+
     def privatise_parts(self, round: int, client_id: int, sums: dict[str, Any], payload: dict[str, Any], metrics: dict[str, float]) -> None:
         """The client's uploads other than the weights, in place: ``constant`` keys replaced by ones;
         each upload's ``clipped`` tensors scaled by one factor so that each is within its bound (its
@@ -242,8 +259,9 @@ class ClientUploadPath:
             clipped, norms = clip_jointly([container[key] for container, (key, _) in zip(containers, upload.clipped)], bounds)
             for container, (key, _), value, norm, bound in zip(containers, upload.clipped, clipped, norms, bounds):
                 metrics[f"update_norm_{key}"] = norm
-                if privacy.mechanism == "local" and privacy.noise_multiplier:
-                    noise = local_noise(self.config.seed, round, client_id, value, self.part_multiplier * bound, part_index[key])
+                std = self.part_multiplier * bound if privacy.mechanism == "local" else self.noise_share_std(bound)
+                if (privacy.mechanism == "local" or self.distributed) and privacy.noise_multiplier:
+                    noise = local_noise(self.config.seed, round, client_id, value, std, part_index[key])
                     value = (value.double() + noise).to(value.dtype)
                 container[key] = value
 
@@ -258,6 +276,10 @@ class ServerUploadPath:
         self.parts: list[PrivatePart] = private_parts(algorithm) if algorithm is not None and privacy.enabled else []
         self.released_parts = released_parts(algorithm) if algorithm is not None and privacy.enabled else 1
         self.population = population_size(config)
+        secagg = privacy.secure_aggregation
+        self.secagg_threshold = survivor_threshold(secagg, config.train.clients_per_round) if secagg.enabled else 0
+        #: the clients add the central noise in shares (privacy.secure_aggregation.noise: distributed)
+        self.distributed = distributed_noise(config)
         self.delta = privacy.delta if privacy.delta is not None else default_delta(self.population)
         self.noise_multiplier = privacy.noise_multiplier
         self.clip = privacy.clip  # C of the next round: fixed, or adaptive clipping's current bound
@@ -318,7 +340,7 @@ class ServerUploadPath:
 
     @classmethod
     def for_run(cls, config: RunConfig, algorithm: Algorithm) -> "ServerUploadPath | None":
-        return cls(config, algorithm) if upload_path_enabled(config) else None
+        return cls(config, algorithm) if upload_path_enabled(config) or config.privacy.secure_aggregation.enabled else None
 
     @property
     def update_noise_multiplier(self) -> float:
@@ -355,6 +377,21 @@ class ServerUploadPath:
         privacy, robust = self.config.privacy, self.config.robust
         sums, payloads, client_metrics = dict(results.sums), results.payloads, results.client_metrics
         row: dict[str, float] = {}
+        if privacy.secure_aggregation.enabled:
+            row["secagg_failed"] = float(results.num_clients < self.secagg_threshold)
+            if row["secagg_failed"]:  # the sum stays masked: nothing is aggregated or accounted (0 clients)
+                logger.warning(
+                    "round %d: %d client(s) reported, below privacy.secure_aggregation's threshold t=%d: the round fails, "
+                    "the model is unchanged",
+                    round,
+                    results.num_clients,
+                    self.secagg_threshold,
+                )
+                return RoundResults(results.sums, payloads, client_metrics, 0, results.excluded_clients), row
+            if self.distributed:
+                row["secagg_noise_multiplier"] = realised_noise_multiplier(
+                    self.noise_multiplier or 0.0, results.num_clients, self.config.train.clients_per_round
+                )
         if robust.attacking:
             row["malicious_clients"] = float(sum(m.get("malicious", 0.0) for m in client_metrics.values()))
         if results.num_clients > 0:
@@ -374,7 +411,7 @@ class ServerUploadPath:
             elif privacy.mechanism == "central":
                 cohort = self.config.train.clients_per_round
                 std = central_noise_std(self.update_noise_multiplier, self.clip, cohort, noise_cohort_size(self.config))
-                noise = central_noise(self.config.seed, round, sums["weights"], std) if std > 0 else 0.0
+                noise = central_noise(self.config.seed, round, sums["weights"], std) if std > 0 and not self.distributed else 0.0
                 if self.audit is not None:  # privacy.audit: the round's canaries join the clipped sum before the noise
                     sums["weights"] = sums["weights"] + self.audit.canary_sum(round, self.clip, sums["weights"])
                     row.update(self.audit.record(sums["weights"] + noise))  # the release, scored
@@ -420,7 +457,7 @@ class ServerUploadPath:
             bound = getattr(privacy, part.bound)
             if part.travels_in == "sums":
                 std = central_noise_std(multiplier, bound, cohort, noise_cohort_size(self.config))
-                if std > 0:
+                if std > 0 and not self.distributed:  # distributed: the clients' shares are in the sum already
                     sums[part.key] = sums[part.key] + central_noise(self.config.seed, round, sums[part.key], std, index)
             elif multiplier > 0:
                 for client_id, payload in payloads.items():

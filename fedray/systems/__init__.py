@@ -29,6 +29,7 @@ from fedray.algorithms import Algorithm, RoundResults
 from fedray.config import ConfigError, RunConfig
 from fedray.data import FederatedDataset
 from fedray.algorithms.costs import client_forward_flops
+from fedray.privacy.secure_aggregation import PROTOCOL_ROUNDS, client_bytes
 from fedray.seeding import sample_cohort_among
 from fedray.systems.availability import AvailabilityProcess, build_availability
 from fedray.systems.clock import client_durations, payload_bytes, upload_bytes
@@ -68,8 +69,11 @@ class SystemsModel:
 
     def durations(self, client_ids: np.ndarray, broadcast_bytes: int) -> np.ndarray:
         """Each client's simulated round duration, uploading the size of the last measured upload
-        (before any: the broadcast's size)."""
+        (before any: the broadcast's size) and, under ``privacy.secure_aggregation``, the protocol's
+        bytes among ``client_ids`` (:func:`fedray.privacy.secure_aggregation.client_bytes`)."""
         upload = broadcast_bytes if self.upload_bytes_per_client is None else self.upload_bytes_per_client
+        if self.config.privacy.secure_aggregation.enabled:
+            upload += client_bytes(self.config.privacy.secure_aggregation, len(client_ids))
         return client_durations(self.devices, client_ids, self.train_flops[client_ids], broadcast_bytes, upload)
 
     def plan_round(self, round: int, broadcast_bytes: int, selected: np.ndarray | None = None) -> RoundPlan:
@@ -109,7 +113,7 @@ class SystemsModel:
         if results.num_clients == 0:
             reason = "no client was online" if selected == 0 else f"{dropped} dropped, {late} late"
             logger.warning("round %d aggregated no client update (%s); the model is unchanged", round, reason)
-        return {
+        row = {
             "sim_time": self.clock,
             "selected": int(selected),
             "aggregated": int(results.num_clients),
@@ -118,6 +122,10 @@ class SystemsModel:
             "bytes_down": int(broadcast_bytes * selected),
             "bytes_up": int(sum(uploads.values())),
         }
+        secagg = self.config.privacy.secure_aggregation
+        if secagg.enabled:  # the protocol runs among the selected clients (Bell et al. 2020)
+            row.update(secagg_bytes_per_client=client_bytes(secagg, selected), secagg_rounds=PROTOCOL_ROUNDS)
+        return row
 
     def check_deadline(self, broadcast_bytes: int) -> None:
         """A deadline that not even the fastest client meets is a config error (before Ray starts)."""

@@ -1,0 +1,113 @@
+"""Secure aggregation, simulated (``privacy.secure_aggregation``, fedray.privacy.secure_aggregation): off
+changes nothing, on alone changes only its column, the dropout threshold fails a round, distributed
+noise sums to the central noise, the protocol's cost grows with the cohort as Bell et al. (CCS 2020)
+say, and the refusals on the CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedray import load_config
+from fedray.privacy.secure_aggregation import client_bytes, neighbours, realised_noise_multiplier, survivor_threshold
+from fedray.runtime.upload_path import ClientUploadPath
+from fedray.testing import Federation
+from preloaded_cli import run_fedray_preloaded
+from test_bad_inputs import assert_rejected
+
+ON = "privacy.secure_aggregation.enabled=true"
+CENTRAL = ["privacy.mechanism=central", "privacy.clip=0.5", "privacy.noise_multiplier=0.8"]
+
+
+def test_off_by_default_and_explicitly_off_are_the_same_run(tmp_path):
+    default = Federation(tmp_path / "default", []).run(2)
+    off = Federation(tmp_path / "off", ["privacy.secure_aggregation.enabled=false"]).run(2)
+    assert default.rows == off.rows and torch.equal(default.state["weights"], off.state["weights"])
+    assert off.engine.upload_path is None and "privacy" not in off.config.to_dict()
+    dp = load_config(None, CENTRAL).to_dict()["privacy"]
+    assert "secure_aggregation" not in dp  # a DP run saves the config it did before the section existed
+
+
+def test_on_alone_releases_the_same_sum(tmp_path):
+    """The workers already sum the cohort: the model is bit-identical, the row gains secagg_failed = 0."""
+    plain = Federation(tmp_path / "plain", []).run(2)
+    secagg = Federation(tmp_path / "secagg", [ON]).run(2)
+    assert torch.equal(plain.state["weights"], secagg.state["weights"])
+    assert [row.pop("secagg_failed") for row in secagg.rows] == [0.0, 0.0]
+    assert plain.rows == secagg.rows
+    assert secagg.config.to_dict()["privacy"]["secure_aggregation"]["enabled"] is True
+
+
+def test_a_round_below_the_threshold_fails_is_counted_and_not_accounted(tmp_path):
+    federation = Federation(tmp_path, [ON, "privacy.secure_aggregation.threshold=1.0", *CENTRAL])
+    first = federation.run_round(1, [0, 1, 2])
+    before = federation.state["weights"].clone()
+    failed = federation.run_round(2, [0, 1])  # 2 of 3 report: t = 3
+    assert first["secagg_failed"] == 0.0 and "dp_epsilon" in first
+    assert failed["secagg_failed"] == 1.0 and "dp_epsilon" not in failed
+    assert torch.equal(federation.state["weights"], before)
+    third = federation.run_round(3, [3, 4, 5])
+    assert third["secagg_failed"] == 0.0 and third["dp_epsilon"] > first["dp_epsilon"]
+    assert federation.engine.upload_path.rounds_accounted == 2
+
+
+def test_threshold_as_fraction_or_count():
+    config = load_config(None, [ON]).privacy.secure_aggregation
+    assert survivor_threshold(config, 10) == 5
+    assert survivor_threshold(config.model_copy(update={"threshold": 0.7}), 10) == 7
+    assert survivor_threshold(config.model_copy(update={"threshold": 4.0}), 10) == 4
+
+
+def test_distributed_noise_sums_to_the_central_noise(tmp_path):
+    """Each of m clients adds N(0, σ²/m): exactly σ/√m per share, and the m shares' sum has std σ = z·C
+    (estimated over the model's coordinates to a few %, well inside the 10 % bound)."""
+    overrides = [ON, "privacy.secure_aggregation.noise=distributed", *CENTRAL]
+    federation = Federation(tmp_path / "noisy", overrides)
+    silent = Federation(tmp_path / "silent", [*overrides[:-1], "privacy.noise_multiplier=0"])
+    m, sigma = 3, 0.8 * 0.5
+    noisy = ClientUploadPath(federation.config, federation.algorithm, federation.num_clients)
+    assert noisy.noise_share_std(0.5) == pytest.approx(sigma / math.sqrt(m), rel=1e-12)
+    clean = ClientUploadPath(silent.config, silent.algorithm, silent.num_clients)
+    broadcast = federation.algorithm.broadcast(federation.state, 1)
+    total = sum(
+        noisy.apply(1, cid, federation.client_update(1, cid), broadcast).sums["weights"]
+        - clean.apply(1, cid, federation.client_update(1, cid), broadcast).sums["weights"]
+        for cid in range(m)
+    )
+    assert total.numel() > 1000
+    assert float(total.std()) == pytest.approx(sigma, rel=0.1)
+    # the server adds nothing more, and reports the realised multiplier
+    row = federation.run_round(1, [0, 1])
+    assert row["secagg_noise_multiplier"] == pytest.approx(realised_noise_multiplier(0.8, 2, 3)) == 0.8 * math.sqrt(2 / 3)
+
+
+def test_the_cost_grows_with_the_cohort_as_the_protocols_say(tmp_path):
+    secagg = load_config(None, [ON]).privacy.secure_aggregation
+    plus = secagg.model_copy(update={"protocol": "secagg_plus"})
+    per_neighbour = client_bytes(secagg, 3) - client_bytes(secagg, 2)
+    for n in (10, 100, 1000):
+        assert neighbours(secagg, n) == n - 1  # SecAgg: O(n) bytes per client
+        assert client_bytes(secagg, n) == client_bytes(secagg, 1) + (n - 1) * per_neighbour
+        assert neighbours(plus, n) == min(n - 1, math.ceil(2 * math.log2(n)))  # SecAgg+: O(log n)
+    assert client_bytes(plus, 1000) < client_bytes(secagg, 100)
+    federation = Federation(tmp_path, [ON, "systems.enabled=true"]).run(1)
+    row = federation.rows[0]
+    assert row["secagg_bytes_per_client"] == client_bytes(secagg, row["selected"]) and row["secagg_rounds"] == 4
+
+
+BAD = [
+    ("per-client", ["algorithm.name=fedsc", ON], "privacy.secure_aggregation: fedsc uploads prototypes"),
+    ("threshold", [ON, "privacy.secure_aggregation.threshold=11"], "privacy.secure_aggregation.threshold (11) must be <= train"),
+    ("robust", [ON, "robust.rule=median"], "robust.rule (and robust.attack=alie) need each client's update"),
+    ("distributed", [ON, "privacy.secure_aggregation.noise=distributed"], "noise=distributed splits the central noise"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_secure_aggregation_input_exits_2_with_one_line(tmp_path, overrides, expected):
+    args = ["run", "--set", "resources.num_workers=1", "--set", "train.rounds=1"]
+    for override in overrides:
+        args += ["--set", override]
+    assert_rejected(run_fedray_preloaded(args, tmp_path), expected)
