@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from fedray import load_config
 from fedray.privacy.secure_aggregation import client_bytes, neighbours, realised_noise_multiplier, survivor_threshold
 from fedray.runtime.upload_path import ClientUploadPath
+from fedray.systems.clock import client_durations
 from fedray.testing import Federation
 from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected
@@ -83,7 +85,7 @@ def test_distributed_noise_sums_to_the_central_noise(tmp_path):
     assert row["secagg_noise_multiplier"] == pytest.approx(realised_noise_multiplier(0.8, 2, 3)) == 0.8 * math.sqrt(2 / 3)
 
 
-def test_the_cost_grows_with_the_cohort_as_the_protocols_say(tmp_path):
+def test_the_cost_grows_with_the_cohort_as_the_protocols_say():
     secagg = load_config(None, [ON]).privacy.secure_aggregation
     plus = secagg.model_copy(update={"protocol": "secagg_plus"})
     per_neighbour = client_bytes(secagg, 3) - client_bytes(secagg, 2)
@@ -92,9 +94,19 @@ def test_the_cost_grows_with_the_cohort_as_the_protocols_say(tmp_path):
         assert client_bytes(secagg, n) == client_bytes(secagg, 1) + (n - 1) * per_neighbour
         assert neighbours(plus, n) == min(n - 1, math.ceil(2 * math.log2(n)))  # SecAgg+: O(log n)
     assert client_bytes(plus, 1000) < client_bytes(secagg, 100)
+
+
+@pytest.mark.slow  # the systems model measures each client's FLOPs (~6 s)
+def test_the_systems_model_reports_the_cost_and_puts_it_on_the_clock(tmp_path):
+    secagg = load_config(None, [ON]).privacy.secure_aggregation
     federation = Federation(tmp_path, [ON, "systems.enabled=true"]).run(1)
     row = federation.rows[0]
     assert row["secagg_bytes_per_client"] == client_bytes(secagg, row["selected"]) and row["secagg_rounds"] == 4
+    systems = federation.engine.systems
+    clients = np.arange(3)
+    plain = client_durations(systems.devices, clients, systems.train_flops[clients], 1000, systems.upload_bytes_per_client)
+    extra = client_bytes(secagg, 3) / systems.devices.upload_bytes_per_second[clients]
+    np.testing.assert_allclose(systems.durations(clients, 1000), plain + extra, rtol=1e-12)
 
 
 BAD = [
