@@ -20,7 +20,8 @@ import yaml
 import fedray
 from fedray.config import RunConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# one xdist group: with pytest -n, the tests of the one module-scoped sweep run on one worker, which makes it once
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("tune_api_sweep")]
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_BASE = {
