@@ -988,7 +988,7 @@ async function renderHeatmap(ov) {
   div.style.height = `${Math.max(260, 130 + 40 * data.y_labels.length)}px`;
   await drawPlot(div, [{
     type: "heatmap", x: data.x_labels, y: data.y_labels, z: data.mean, customdata: data.count,
-    colorscale: "Viridis", hoverongaps: false, texttemplate: "%{z:.3g}", colorbar: { title: { text: data.metric } },
+    colorscale: "Viridis", hoverongaps: false, texttemplate: "%{z:.3g}", colorbar: { title: { text: data.metric, side: "right" } },
     hovertemplate: `${keyName(data.x)}: %{x}<br>${keyName(data.y)}: %{y}<br>mean final ${data.metric}: %{z:.4g}` +
       "<br>over %{customdata} trial(s)<extra></extra>",
   }], {
