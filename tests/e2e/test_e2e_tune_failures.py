@@ -6,7 +6,7 @@ runtime_env).
 - a trial that diverges or whose plug-in algorithm raises fails the same way on every attempt: it
   ends at once with its one-line error in ``trials.parquet``, never retried despite ``max_failures``;
 - a trial that is killed (the OOM killer, ``kill -9``: its worker process dies by SIGKILL in its first
-  client update, past ``resources.max_worker_restarts``) gives the terminal no Ray traceback (Tune's
+  client update, past ``resources.max_worker_restarts``, here 0) gives the terminal no Ray traceback (Tune's
   ``Trial task failed`` with the 20 lines of ``ActorDiedError``): its one-line error in the table
   and in ``trials.parquet``, its whole trace in Tune's ``error.txt``;
 - with no trial that succeeded, the top-trials table is one line saying so, not pandas' dump of an
@@ -30,7 +30,8 @@ import yaml
 from test_e2e_tune import TINY_BASE, only_sweep_dir, rows_by_trial
 from test_user_code import MODULE, USER_CODE
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# one sweep for the module's tests: on one process under pytest -n
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("tune_failing_sweep")]
 REPO = Path(__file__).resolve().parents[2]
 KILLED_MODULE = "killedlab"
 KILLED_CODE = textwrap.dedent("""
@@ -54,15 +55,16 @@ KILLED = f"{KILLED_MODULE}:KilledInClientUpdate"
 @pytest.fixture(scope="module")
 def failing_sweep(ray_session, tmp_path_factory):
     """``fedray tune`` of three trials, one at a time, that all fail: one diverges, one's plug-in raises,
-    one's worker is killed (and its one replacement too). ``max_failures: 1``: a crash (the killed
-    trial) is retried once; the deterministic failures must not be."""
+    one's worker is killed (no replacement: ``max_worker_restarts: 0``, so each attempt starts one
+    worker). ``max_failures: 1``: a crash (the killed trial) is retried once; the deterministic
+    failures must not be."""
     directory = tmp_path_factory.mktemp("failing")
     (directory / f"{MODULE}.py").write_text(USER_CODE)
     (directory / f"{KILLED_MODULE}.py").write_text(KILLED_CODE)
     base = {
         **TINY_BASE,
-        "train": {**TINY_BASE["train"], "rounds": 2, "local_epochs": 1},
-        "resources": {**TINY_BASE["resources"], "max_worker_restarts": 1},
+        "train": {**TINY_BASE["train"], "rounds": 2},
+        "resources": {**TINY_BASE["resources"], "max_worker_restarts": 0},
     }
     sweep = {
         "name": "failing",

@@ -1,17 +1,29 @@
 """A ``fedray tune`` sweep over privacy and systems keys (issues 43 and 44): each trial is a DP-FedAvg
-run with simulated devices and compressed uploads, its noise calibrated from its own target ε."""
+run with simulated devices and compressed uploads, its noise calibrated from its own target ε.
+
+The same sweep (two trials side by side, uninterrupted) is the one whose directory is checked:
+``meta.json``, ``sweep.yaml``, ``trials.parquet``, ``rounds.parquet``, one run directory per trial in
+its own placement group, and the best trial printed."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import re
+from datetime import datetime
+
 import pyarrow.parquet as pq
 import pytest
-from test_e2e_tune import TINY_BASE, only_sweep_dir, rows_by_trial, write_sweep
+from test_e2e_tune import TINY_BASE, TRIAL_COLUMNS, assert_trials_match_their_runs, only_sweep_dir, rows_by_trial, write_sweep
 
 from fedray import load_config
 from fedray.cli.main import main
 from fedray.tracking import read_metrics
+from fedray.tune import load_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# one sweep for the module's tests: on one process under pytest -n
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("tune_privacy_sweep")]
 
 PRIVATE_DEVICES = {
     **TINY_BASE,
@@ -25,21 +37,31 @@ PRIVATE_DEVICES = {
         "compression": {"method": "int8"},
     },
 }
+TARGETS = [2.0, 8.0]
 
 
-def test_a_sweep_over_target_epsilon_calibrates_each_trial_and_reports_privacy_and_systems_metrics(ray_session, tmp_path):
-    targets = [2.0, 8.0]
+@pytest.fixture(scope="module")
+def private_sweep(ray_session, tmp_path_factory):
+    """``fedray tune`` (in this process) of two trials side by side, one per target ε; returns the
+    sweep file, the sweep directory and what the command printed."""
+    tmp_path = tmp_path_factory.mktemp("private")
     sweep_file = write_sweep(
         tmp_path,
         name="private-devices",
         base=PRIVATE_DEVICES,
-        space={"privacy.target_epsilon": {"grid": targets}},
+        space={"privacy.target_epsilon": {"grid": TARGETS}},
         max_concurrent_trials=2,
     )
-    assert main(["tune", str(sweep_file)]) == 0
-    sweep_dir = only_sweep_dir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["tune", str(sweep_file)]) == 0
+    return sweep_file, only_sweep_dir(tmp_path), printed.getvalue()
+
+
+def test_a_sweep_over_target_epsilon_calibrates_each_trial_and_reports_privacy_and_systems_metrics(private_sweep):
+    _, sweep_dir, _ = private_sweep
     trials = rows_by_trial(sweep_dir)
-    assert sorted(row["privacy.target_epsilon"] for row in trials.values()) == targets
+    assert sorted(row["privacy.target_epsilon"] for row in trials.values()) == TARGETS
 
     noise_by_target = {}
     for row in trials.values():
@@ -64,3 +86,39 @@ def test_a_sweep_over_target_epsilon_calibrates_each_trial_and_reports_privacy_a
 
     swept = pq.read_table(sweep_dir / "rounds.parquet").to_pylist()
     assert {"dp_epsilon", "sim_time", "bytes_up", "aggregated"} <= set(swept[0])
+
+
+def test_a_sweep_writes_its_directory_and_prints_its_best_trial(private_sweep):
+    sweep_file, sweep_dir, printed = private_sweep
+    meta = json.loads((sweep_dir / "meta.json").read_text())
+    assert re.fullmatch(r"private-devices-\d{8}-\d{6}", meta["sweep_id"]) and meta["sweep_id"] == sweep_dir.name
+    assert {k: meta[k] for k in ("metric", "mode", "swept_keys", "num_trials", "status")} == {
+        "metric": "test_accuracy",
+        "mode": "max",
+        "swept_keys": ["privacy.target_epsilon"],
+        "num_trials": 2,
+        "status": "finished",
+    }
+    datetime.fromisoformat(meta["started_at"])
+    assert load_sweep(sweep_dir / "sweep.yaml") == load_sweep(sweep_file)
+
+    table = pq.read_table(sweep_dir / "trials.parquet")
+    assert table.schema.names == ["trial_id", "status", "privacy.target_epsilon", *TRIAL_COLUMNS]
+    rounds = pq.read_table(sweep_dir / "rounds.parquet").to_pylist()
+    assert {"trial_id", "round", "test_accuracy", "test_loss", "train_loss", "seconds"} <= set(rounds[0])
+    assert not {"training_iteration", "time_total_s", "timestamp"} & set(rounds[0])
+    assert_trials_match_their_runs(sweep_dir, rounds_in=3)
+
+    trials = rows_by_trial(sweep_dir)
+    group_ids = set()
+    for row in trials.values():
+        # the trial's worker ran inside the trial's own placement group: driver+server bundle, worker bundle
+        placement = json.loads((sweep_dir / row["run_dir"] / "placement.json").read_text())
+        assert placement["bundles"] == [{"CPU": 1.0}, {"CPU": 1.0}]
+        assert placement["worker_placement_group_ids"] == [placement["placement_group_id"]]
+        group_ids.add(placement["placement_group_id"])
+    assert len(group_ids) == 2  # two trials side by side, each in its own group
+
+    best = max(trials.values(), key=lambda row: row["best_metric"])
+    assert f"best trial         {best['trial_id']}" in printed
+    assert f"privacy.target_epsilon = {best['privacy.target_epsilon']}" in printed

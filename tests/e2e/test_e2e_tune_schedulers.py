@@ -21,7 +21,7 @@ from fedray.cli.main import main
 from fedray import load_config
 from fedray.tracking import read_metrics
 
-from test_e2e_tune import TINY_BASE, rows_by_trial, wait_for
+from test_e2e_tune import TINY_BASE, assert_trials_match_their_runs, rows_by_trial, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -71,7 +71,7 @@ def test_a_resumed_asha_sweep_makes_the_decisions_of_an_uninterrupted_one(ray_se
     sweep_file = write_sweep(
         tmp_path / "sweep.yaml",
         name="asha",
-        base={**TINY_BASE, "train": {**TINY_BASE["train"], "local_epochs": 1}, "checkpoint": {"every": 1}},
+        base={**TINY_BASE, "checkpoint": {"every": 1}},
         space={"train.lr": {"grid": [0.1, 1e-6, 0.03]}},
         scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2},
         max_concurrent_trials=1,
@@ -117,6 +117,10 @@ def test_a_resumed_asha_sweep_makes_the_decisions_of_an_uninterrupted_one(ray_se
     # the decision that needs the rungs recorded before the interruption (else the test proves nothing)
     assert by_lr[0.03][0] == "STOPPED_EARLY"
     assert json.loads((sweep_dir / "meta.json").read_text())["status"] == "finished"
+    # the sweep's tables are its trials' runs, each round once across the resume; the trial ASHA let
+    # finish has a complete run directory (summary.json) although ASHA ended it at its last report,
+    # the ones it stopped have none
+    assert_trials_match_their_runs(sweep_dir, rounds_in=4)
 
 
 def test_pbt_clones_a_trial_from_the_donors_engine_checkpoint_with_a_perturbed_config(ray_session, tmp_path):
@@ -125,7 +129,7 @@ def test_pbt_clones_a_trial_from_the_donors_engine_checkpoint_with_a_perturbed_c
     sweep_file = write_sweep(
         tmp_path / "sweep.yaml",
         name="pbt",
-        base={**TINY_BASE, "train": {**TINY_BASE["train"], "rounds": 3, "local_epochs": 1}, "checkpoint": {"every": 2}},
+        base={**TINY_BASE, "train": {**TINY_BASE["train"], "rounds": 3}, "checkpoint": {"every": 2}},
         space={"train.lr": {"loguniform": [1e-5, 0.2]}},
         num_samples=2,
         search={"type": "random", "seed": 3},
