@@ -17,10 +17,12 @@ from fedray.tracking import read_metrics
 from fedray.tune import parse_sweep, run_sweep
 from test_e2e_tune import TINY_BASE
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# the module-scoped sweep feeds three tests: on one process under pytest -n
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group("tune_reuse_sweep")]
 
-# tiny trials of 1 worker; 3 rounds with a checkpoint after round 2 and 3
-BASE = {**TINY_BASE, "data": {"num_clients": 6, "alpha": 1.0}, "train": {**TINY_BASE["train"], "rounds": 3, "local_epochs": 1}}
+# tiny trials of 1 worker; 2 rounds (ASHA's one rung is round 1, so a trial it stops ends mid-run),
+# a checkpoint after round 2
+BASE = {**TINY_BASE, "data": {"num_clients": 6, "alpha": 1.0}, "train": {**TINY_BASE["train"], "rounds": 2}}
 
 
 def sweep(tmp_path: Path, space: dict, **fields):
@@ -95,7 +97,7 @@ def test_a_trial_stopped_by_asha_leaves_a_pool_the_next_trial_reuses(stopped_and
     # The trial after the one ASHA stopped runs on the same workers (as the two before did) and
     # matches its standalone run for the rounds it ran.
     outcome, trials, tmp_path = stopped_and_crashed
-    assert [(t["train.lr"], t["status"], t["round"]) for t in trials[:2]] == [(0.1, "TERMINATED", 3), (1e-6, "STOPPED_EARLY", 1)]
+    assert [(t["train.lr"], t["status"], t["round"]) for t in trials[:2]] == [(0.1, "TERMINATED", 2), (1e-6, "STOPPED_EARLY", 1)]
     assert trials[2]["train.lr"] == 0.05 and trials[2]["status"] in ("TERMINATED", "STOPPED_EARLY")
     assert len({tuple(placement(outcome.sweep_dir, t)["worker_pids"]) for t in trials[:3]}) == 1
     assert_same_as_standalone(outcome.sweep_dir, trials[2], tmp_path / "standalone")
@@ -107,7 +109,7 @@ def test_a_failed_trial_logs_its_traceback(stopped_and_crashed):
     outcome, trials, _ = stopped_and_crashed
     diverged = trials[3]
     log = (outcome.sweep_dir / diverged["run_dir"] / "log.txt").read_text()
-    assert f"trial {diverged['trial_id']} started from round 1 of 3" in log
+    assert f"trial {diverged['trial_id']} started from round 1 of 2" in log
     assert re.search(r"round 1: \d+ non-finite client update\(s\) excluded: \[", log)
     assert log.index("excluded") < log.index("the trial failed:\nTraceback (most recent call last):")
     assert "fedray.runtime.errors.TrainingDiverged" in log and "training diverged" in log
