@@ -3,7 +3,7 @@
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
-cells). The prose around a part is kept. Every other table in ``docs/results/`` is in
+cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs). The prose around a part is kept. Every other table in ``docs/results/`` is in
 ``NOT_GENERATED`` with the reason it is not regenerated here, and a page with a table in neither fails
 the check::
 
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import compression_table
 import digits_table
+import modalities_table
 import privacy_utility_fmnist
 import real_table
 
@@ -122,6 +124,20 @@ TABLES = [
         for name, metric in DIGITS_PAGES.items()
     ),
     Table("privacy_utility_fmnist.md", ("privacy_utility_fmnist.csv",), "privacy_utility_fmnist.py", privacy_part, whole_page),
+    Table(
+        "compression.md",
+        (compression_table.CSV_PATH.name, compression_table.JSON_PATH.name),
+        "compression_table.py",
+        lambda results: compression_table.markdown(results / compression_table.CSV_PATH.name),
+        between_markers(compression_table.START, compression_table.END),
+    ),
+    Table(
+        "modalities.md",
+        ("modalities.csv", "modalities.json"),
+        "modalities_table.py",
+        lambda results: modalities_table.markdown(results / "modalities.csv"),
+        between_markers(modalities_table.START, modalities_table.END),
+    ),
     *(
         Table(page, FMNIST_RAW, "real_table.py --report", fmnist_part(index), between_markers(start, end))
         for index, (page, start, end) in enumerate(
@@ -136,8 +152,6 @@ TABLES = [
 NOT_GENERATED: dict[str, tuple[int, str]] = {
     "index.md": (1, "the list of the digits pages: links, no numbers"),
     "digits.md": (2, "summaries copied by hand from the final-round cells of prototypes, fedrcl, fedcosr and fedcosr_shards"),
-    "compression.md": (1, "written whole by compression_table.py from its run folders, which are not committed"),
-    "modalities.md": (1, "written whole by modalities_table.py from its run folders, which are not committed"),
     "fedrcl.md": (1, "ablations: digits_table.py --set runs written outside docs/ (the page's commands), CSVs not committed"),
     "prototypes.md": (1, "FedSKC diagnosis: digits_table.py --set runs, CSVs not committed"),
     "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
