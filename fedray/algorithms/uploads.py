@@ -114,7 +114,9 @@ def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
     cls = type(algorithm)
     name = cls.name or cls.__name__
     if not cls.uploads:
-        message = f"{name} does not declare what it uploads (Algorithm.uploads), so it cannot be made private or robust"
+        message = (
+            f"{name} does not declare what it uploads (Algorithm.uploads), so privacy, robust rules and secure aggregation cannot handle it"
+        )
         return [(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")]
     problems: list[tuple[str | None, str]] = []
     per_client = sorted((upload for upload in algorithm.run_uploads() if upload.payload), key=lambda upload: upload.kind)

@@ -390,6 +390,11 @@ def secure_aggregation_problems(config: RunConfig) -> list[str]:
             "privacy.secure_aggregation.noise=distributed splits the central noise among the clients: it needs "
             f"privacy.mechanism=central (got {privacy.mechanism})"
         )
+    if secagg.noise == "distributed" and privacy.mechanism == "central" and privacy.noise_multiplier is None:
+        problems.append(
+            "privacy.secure_aggregation.noise=distributed needs privacy.noise_multiplier (each client draws its share from it; "
+            "privacy.target_epsilon then is a budget the run stops at)"
+        )
     if secagg.noise == "distributed" and privacy.clipping == "adaptive":
         problems.append(
             "privacy.secure_aggregation.noise=distributed with privacy.clipping=adaptive is not simulated (the clients' shares "

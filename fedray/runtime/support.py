@@ -217,6 +217,12 @@ def _columns() -> tuple[Feature, ...]:
             completions=_DP_COMPLETIONS,
             deviation=_privacy_deviation,
         ),
+        Feature(
+            "secagg",
+            "sa",
+            "secure aggregation, simulated (privacy.secure_aggregation)",
+            ("privacy.secure_aggregation.enabled=true",),
+        ),
         *rules,
         Feature("attackers", "atk", "attackers (robust.malicious_fraction, sign_flip)", ("robust.malicious_fraction=0.3", _ROBUST_COHORT)),
         *attacks,

@@ -114,6 +114,11 @@ BAD = [
     ("threshold", [ON, "privacy.secure_aggregation.threshold=11"], "privacy.secure_aggregation.threshold (11) must be <= train"),
     ("robust", [ON, "robust.rule=median"], "robust.rule (and robust.attack=alie) need each client's update"),
     ("distributed", [ON, "privacy.secure_aggregation.noise=distributed"], "noise=distributed splits the central noise"),
+    (
+        "distributed-calibrated",
+        [ON, "privacy.secure_aggregation.noise=distributed", "privacy.mechanism=central", "privacy.target_epsilon=5"],
+        "noise=distributed needs privacy.noise_multiplier",
+    ),
 ]
 
 

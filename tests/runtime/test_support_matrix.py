@@ -86,6 +86,9 @@ def test_cells_come_from_the_checks_and_the_declarations(matrix):
     )
     assert matrix.cell("scaffold", "s3_state").status == SUPPORTED  # control variates are client state
     assert matrix.cell("fedavg", "s3_state").status == DEVIATES
+    # secure aggregation follows from the uploads: summed ones yes, per-client ones no
+    assert matrix.cell("fedavg", "secagg").status == SUPPORTED and matrix.cell("fedproto", "secagg").status == SUPPORTED
+    assert matrix.cell("fedsc", "secagg").notes[0].startswith("privacy.secure_aggregation: fedsc uploads prototypes (payload[")
 
 
 def test_the_text_table_has_a_row_of_symbols_per_algorithm_then_the_reasons(matrix):

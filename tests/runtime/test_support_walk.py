@@ -43,8 +43,8 @@ RUN_ONLY = ["resources.backend=local", "resources.num_workers=1", "output.plots=
 
 #: (algorithm, feature) walked besides every algorithm's top-k and central DP cells
 REPRESENTATIVE = [
-    *[("fedavg", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "personalised", "async")],
-    *[("fedsc", key) for key in ("local_dp", "async", "median", "personalised")],
+    *[("fedavg", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "personalised", "async", "secagg")],
+    *[("fedsc", key) for key in ("local_dp", "async", "median", "personalised", "secagg")],
     *[("fedskc", key) for key in ("fp16", "int8", "topk_ef", "local_dp", "attackers", "async")],
     *[("scaffold", key) for key in ("topk_ef", "local_dp", "async")],
     *[("moon", key) for key in ("async", "attackers", "krum")],
@@ -164,6 +164,8 @@ def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, sy
             assert row["personal_accuracy"] > 0
     elif key == "async":
         assert row["staleness_mean"] >= 0 and row["aggregated"] >= 1
+    elif key == "secagg":
+        assert row["secagg_failed"] == 0.0 and row["clients"] == len(clients) > 0
     elif key in RULES:
         cohort = int(next(k for k in cell.overrides[::-1] if k.startswith("train.clients_per_round=")).partition("=")[2])
         assert row["clients"] == cohort and len(clients) == cohort
