@@ -23,6 +23,21 @@ torch.set_num_threads(1)
 SLOW_FIXTURES = {"ray_session", "page"}
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With ``-n``: a test file's tests (or an ``xdist_group``'s, across files) go to one worker as one
+    unit, so that a module-scoped fixture (a sweep, a run, a browser) is built once, not once on each
+    worker that runs one of its tests."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileOrGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = super()._split_scope(nodeid)
+            return group if group != nodeid else nodeid.split("::", 1)[0]
+
+    return FileOrGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses a real Ray or drives a real browser is in the slow tier, marked or not."""
     for item in items:
