@@ -282,6 +282,9 @@ class ServerUploadPath:
         self.distributed = distributed_noise(config)
         self.delta = privacy.delta if privacy.delta is not None else default_delta(self.population)
         self.noise_multiplier = privacy.noise_multiplier
+        #: distributed noise: the smallest multiplier a round's sum has carried so far (dropped clients'
+        #: shares are missing), which every round is accounted at (None: z itself)
+        self.least_realised: float | None = None
         self.clip = privacy.clip  # C of the next round: fixed, or adaptive clipping's current bound
         self.rounds_accounted = 0
         self.participations = np.zeros(config.data.num_clients, dtype=np.int64)  # local DP: releases per client
@@ -364,7 +367,7 @@ class ServerUploadPath:
         privacy = self.config.privacy
         if privacy.mechanism != "central" or privacy.target_epsilon is None or self.accountant is None or self.noise_multiplier is None:
             return
-        epsilon = self.accountant.epsilon(self.noise_multiplier, self.rounds_accounted + 1)
+        epsilon = self.accountant.epsilon(self.accounted_multiplier, self.rounds_accounted + 1)
         if epsilon > privacy.target_epsilon * (1 + 1e-9):  # calibration meets the target only to a tolerance
             raise PrivacyBudgetExhausted(
                 f"round {round} would spend ε = {epsilon:.4g} > privacy.target_epsilon = {privacy.target_epsilon:g} "
@@ -388,10 +391,10 @@ class ServerUploadPath:
                     self.secagg_threshold,
                 )
                 return RoundResults(results.sums, payloads, client_metrics, 0, results.excluded_clients), row
-            if self.distributed:
-                row["secagg_noise_multiplier"] = realised_noise_multiplier(
-                    self.noise_multiplier or 0.0, results.num_clients, self.config.train.clients_per_round
-                )
+            if self.distributed and results.num_clients > 0:
+                realised = realised_noise_multiplier(self.noise_multiplier or 0.0, results.num_clients, self.config.train.clients_per_round)
+                row["secagg_noise_multiplier"] = realised
+                self.least_realised = realised if self.least_realised is None else min(self.least_realised, realised)
         if robust.attacking:
             row["malicious_clients"] = float(sum(m.get("malicious", 0.0) for m in client_metrics.values()))
         if results.num_clients > 0:
@@ -477,6 +480,15 @@ class ServerUploadPath:
         unclipped = sum(norm <= self.clip for norm in norms) + clipped_count_noise(self.config.seed, round, count_std)
         return next_adaptive_clip(self.clip, unclipped / cohort, privacy.target_quantile, privacy.clip_lr)
 
+    @property
+    def accounted_multiplier(self) -> float:
+        """The z every round of central DP is accounted at: ``privacy.noise_multiplier`` (or the
+        calibrated one), or with distributed noise the smallest realised z·√(n/m) so far. A Gaussian
+        of more noise is dominated by one of less (Poisson or fixed-size subsampling keeps that), so
+        composing every round at the smallest is an upper bound on ε, never below the truth."""
+        assert self.noise_multiplier is not None
+        return self.noise_multiplier if self.least_realised is None else min(self.noise_multiplier, self.least_realised)
+
     def _account(self, client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
         """ε spent so far, after this round's release; local DP also each participant's own ε."""
         from fedray.privacy.accountant import local_epsilon
@@ -486,8 +498,8 @@ class ServerUploadPath:
         if privacy.mechanism == "central":
             self.rounds_accounted += 1
             return {
-                "dp_epsilon": self.accountant.epsilon(self.noise_multiplier, self.rounds_accounted),
-                "dp_noise_multiplier": self.noise_multiplier,
+                "dp_epsilon": self.accountant.epsilon(self.accounted_multiplier, self.rounds_accounted),
+                "dp_noise_multiplier": self.accounted_multiplier,
             }
         clients = np.fromiter(client_metrics, dtype=np.int64)
         self.participations[clients] += 1
@@ -509,6 +521,7 @@ class ServerUploadPath:
             "rounds_accounted": self.rounds_accounted,
             "participations": torch.from_numpy(self.participations.copy()),
             "noise_multiplier": self.noise_multiplier,
+            **({"least_realised": self.least_realised} if self.least_realised is not None else {}),
             "clip": self.clip,
             **({"audit": self.audit.state_dict()} if self.audit is not None else {}),
         }
@@ -517,6 +530,7 @@ class ServerUploadPath:
         self.rounds_accounted = int(state["rounds_accounted"])
         self.participations = state["participations"].numpy().astype(np.int64)
         self.noise_multiplier = state["noise_multiplier"]
+        self.least_realised = state.get("least_realised")
         self.clip = float(state.get("clip", self.config.privacy.clip))  # checkpoints from before adaptive clipping
         if self.audit is not None and "audit" in state:
             self.audit.load_state_dict(state["audit"])

@@ -85,6 +85,29 @@ def test_distributed_noise_sums_to_the_central_noise(tmp_path):
     assert row["secagg_noise_multiplier"] == pytest.approx(realised_noise_multiplier(0.8, 2, 3)) == 0.8 * math.sqrt(2 / 3)
 
 
+def test_distributed_noise_is_accounted_at_the_least_noise_a_sum_has_carried(tmp_path):
+    """Dropped clients' shares are missing from the sum: every round is accounted at the smallest
+    realised multiplier so far (an upper bound on ε), and that survives a resume."""
+    from fedray.privacy.accountant import CentralAccountant
+
+    overrides = [ON, "privacy.secure_aggregation.noise=distributed", *CENTRAL]
+    federation = Federation(tmp_path / "run", overrides)
+    full = federation.run_round(1, [0, 1, 2])
+    assert full["dp_noise_multiplier"] == 0.8  # all 3 shares: the planned z
+    short = federation.run_round(2, [3, 4])  # 2 of 3 report: z·√(2/3)
+    again = federation.run_round(3, [5, 0, 1])
+    path = federation.engine.upload_path
+    accountant = CentralAccountant(path.accountant.name, path.accountant.sampling, path.population, 3, path.delta)
+    least = 0.8 * math.sqrt(2 / 3)
+    assert short["dp_noise_multiplier"] == again["dp_noise_multiplier"] == pytest.approx(least)
+    assert short["dp_epsilon"] == pytest.approx(accountant.epsilon(least, 2))
+    assert again["dp_epsilon"] == pytest.approx(accountant.epsilon(least, 3))
+    assert again["dp_epsilon"] > accountant.epsilon(0.8, 3)  # more than the planned z would have said
+    resumed = type(path)(federation.config, federation.algorithm)
+    resumed.load_state_dict(path.state_dict())
+    assert resumed.accounted_multiplier == path.accounted_multiplier == pytest.approx(least)
+
+
 def test_distributed_noise_is_the_same_whatever_the_worker_count(tmp_path):
     """Each share is drawn from (seed, round, client id), never from the worker that ran the client."""
     overrides = [ON, "privacy.secure_aggregation.noise=distributed", *CENTRAL]
