@@ -114,8 +114,9 @@ def test_a_one_worker_run_starts_no_ray(tmp_path):
 
 
 # The Ray side of this check runs for a small representative set (a Ray run of two workers costs
-# tens of seconds): the plain global model (fedavg), a stateful-client algorithm (scaffold: control
-# variates in the state store) and the newest path, a regression task (float targets, RMSE sums).
+# tens of seconds): a stateful-client algorithm (scaffold: its global model is FedAvg's weighted mean,
+# plus control variates in the state store) and the newest path, a regression task (float targets,
+# RMSE sums).
 # The other algorithms' uploads (fedper's personal heads and personalised evaluation, fedsc's
 # per-client prototypes) are partials summed by the same worker code on either backend; their runs'
 # determinism is proven on the local backend by their own tests (tests/runtime/test_state_store.py's
@@ -127,7 +128,6 @@ def test_a_one_worker_run_starts_no_ray(tmp_path):
 @pytest.mark.parametrize(
     ("example", "overrides"),
     [
-        ("fedavg_digits.yaml", []),
         ("scaffold_digits.yaml", []),  # client state (control variates) in the state store
         ("regression_diabetes.yaml", ["data.min_samples_per_client=2"]),  # a regression (data.task): float targets, RMSE sums
     ],
