@@ -3,7 +3,7 @@
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
-cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs). The prose around a part is kept. Every other table in ``docs/results/`` is in
+cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials). The prose around a part is kept. Every other table in ``docs/results/`` is in
 ``NOT_GENERATED`` with the reason it is not regenerated here, and a page with a table in neither fails
 the check::
 
@@ -28,6 +28,7 @@ import digits_table
 import modalities_table
 import privacy_utility_fmnist
 import real_table
+import threats_table
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -137,6 +138,13 @@ TABLES = [
         "modalities_table.py",
         lambda results: modalities_table.markdown(results / "modalities.csv"),
         between_markers(modalities_table.START, modalities_table.END),
+    ),
+    Table(
+        "threats_digits.md",
+        (threats_table.CSV_PATH.name, threats_table.JSON_PATH.name),
+        "threats_table.py",
+        lambda results: threats_table.markdown(results / threats_table.CSV_PATH.name),
+        between_markers(threats_table.START, threats_table.END),
     ),
     *(
         Table(page, FMNIST_RAW, "real_table.py --report", fmnist_part(index), between_markers(start, end))
