@@ -1,7 +1,8 @@
 """The threat sweep's table (issue 54, "one sweep over threats"): ``tune_configs/threats_digits.yaml``
-(3 of every round's 10 clients attack: sign flipping, label flipping or a backdoor × the aggregation
-rule: FedAvg's mean, the coordinate-wise median, the trimmed mean × local DP: none, or C = 1 and
-z = 0.005) on digits, one seed, 4 rounds of 3 local epochs: 18 trials.
+(the algorithm: FedAvg or FedRCL × 3 of every round's 10 clients attack: sign flipping, label
+flipping or a backdoor × the aggregation rule: the weighted mean, the coordinate-wise median, the
+trimmed mean × local DP: none, or C = 1 and z = 0.005) on digits, one seed, 4 rounds of 3 local
+epochs: 36 trials.
 
 Runs the sweep with ``fedray.run_sweep`` into ``--work`` (a sweep interrupted there is resumed, a
 finished one read back), then writes one line per trial with its final round's clean accuracy, attack
@@ -30,9 +31,10 @@ SWEEP = REPO / "tune_configs" / "threats_digits.yaml"
 RESULTS = REPO / "docs" / "results"
 PAGE = RESULTS / "threats_digits.md"
 CSV_PATH, JSON_PATH = RESULTS / "threats_digits.csv", RESULTS / "threats_digits.json"
-KEYS = {"robust.attack": "attack", "robust.rule": "rule", "privacy.mechanism": "dp"}
-FIELDS = ("attack", "rule", "dp", "status", "round", "test_accuracy", "attack_success_rate", "dp_epsilon")
+KEYS = {"algorithm.name": "algorithm", "robust.attack": "attack", "robust.rule": "rule", "privacy.mechanism": "dp"}
+FIELDS = ("algorithm", "attack", "rule", "dp", "status", "round", "test_accuracy", "attack_success_rate", "dp_epsilon")
 ORDER = {  # the sweep file's order of each key's values
+    "algorithm": ["fedavg", "fedrcl"],
     "attack": ["sign_flip", "label_flip", "backdoor"],
     "rule": ["none", "median", "trimmed_mean"],
     "dp": ["none", "local"],
@@ -75,7 +77,7 @@ def rows_of(sweep_dir: Path) -> list[dict]:
         row.update(status=trial["status"], round=last["round"])
         row.update({metric: last.get(metric, "") for metric in ("test_accuracy", "attack_success_rate", "dp_epsilon")})
         rows.append(row)
-    return sorted(rows, key=lambda row: tuple(ORDER[key].index(row[key]) for key in ("dp", "attack", "rule")))
+    return sorted(rows, key=lambda row: tuple(ORDER[key].index(row[key]) for key in ("algorithm", "dp", "attack", "rule")))
 
 
 def write_raw(rows: list[dict], seconds: float) -> None:
@@ -94,18 +96,18 @@ def markdown(path: Path) -> str:
     """The page's generated part from the CSV at ``path``: per DP setting, the clean accuracy (and the
     backdoor's success rate) of each attack under each rule, after the last round."""
     rows = list(csv.DictReader(path.open()))
-    cell = {(row["dp"], row["attack"], row["rule"]): row for row in rows}
+    cell = {(row["algorithm"], row["dp"], row["attack"], row["rule"]): row for row in rows}
     rules = ORDER["rule"]
     lines: list[str] = []
-    for dp in ORDER["dp"]:
+    for algorithm, dp in [(algorithm, dp) for algorithm in ORDER["algorithm"] for dp in ORDER["dp"]]:
         epsilons = {float(row["dp_epsilon"]) for row in rows if row["dp"] == dp and row["dp_epsilon"] != ""}
         title = "no DP" if dp == "none" else f"local DP (C = 1, z = 0.005; ε up to {max(epsilons, default=float('nan')):.3g})"
-        lines += [f"**{title}**: clean test accuracy after round 4 (attack success rate)", ""]
+        lines += [f"**{algorithm}, {title}**: clean test accuracy after round 4 (attack success rate)", ""]
         lines += ["| attack | " + " | ".join(f"`{rule}`" for rule in rules) + " |", "|---|" + "---|" * len(rules)]
         for attack in ORDER["attack"]:
             cells = []
             for rule in rules:
-                row = cell.get((dp, attack, rule))
+                row = cell.get((algorithm, dp, attack, rule))
                 if row is None or row["status"] != "TERMINATED":
                     cells.append("–" if row is None else row["status"].lower())
                     continue
