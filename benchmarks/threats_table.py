@@ -11,7 +11,7 @@ success rate (backdoor trials) and ε (``docs/results/threats_digits.csv``) and 
 of ``docs/results/threats_digits.md`` from the CSV alone with :func:`markdown`, which
 ``benchmarks/results_tables.py`` calls too; the page's text around it is kept.
 
-    nice -n 10 python benchmarks/threats_table.py     # under 2 minutes on 2 idle cores
+    nice -n 10 python benchmarks/threats_table.py     # about 3 minutes on 2 idle cores
 """
 
 from __future__ import annotations
@@ -80,12 +80,13 @@ def rows_of(sweep_dir: Path) -> list[dict]:
     return sorted(rows, key=lambda row: tuple(ORDER[key].index(row[key]) for key in ("algorithm", "dp", "attack", "rule")))
 
 
-def write_raw(rows: list[dict], seconds: float) -> None:
+def write_raw(rows: list[dict], provenance: dict, seconds: float) -> None:
+    """The CSV and its provenance (``machine()`` taken before the sweep ran: the tree it ran from)."""
     with CSV_PATH.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, FIELDS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    JSON_PATH.write_text(json.dumps({**machine(), "sweep": str(SWEEP.relative_to(REPO)), "sweep_seconds": seconds}, indent=2) + "\n")
+    JSON_PATH.write_text(json.dumps({**provenance, "sweep": str(SWEEP.relative_to(REPO)), "sweep_seconds": seconds}, indent=2) + "\n")
 
 
 def percent(value: str) -> str:
@@ -122,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=REPO / "sweeps" / "threats_table", help="where the sweep runs (resumable)")
     args = parser.parse_args(argv)
+    provenance = machine()
     sweep_dir, seconds = run(args.work)
-    write_raw(rows_of(sweep_dir), seconds)
+    write_raw(rows_of(sweep_dir), provenance, seconds)
     PAGE.write_text(replace_between(PAGE.read_text(), START, END, markdown(CSV_PATH), PAGE))
     print(PAGE.read_text())
     return 0
