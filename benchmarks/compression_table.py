@@ -74,15 +74,16 @@ def run_row(row_id: str, compression: list[str], rounds: int, work: Path) -> Pat
     return fedray.run_experiment(config, progress=False).run_dir
 
 
-def write_raw(run_dirs: dict[str, Path], csv_path: Path, json_path: Path) -> None:
-    """One CSV line per row and round (the metrics :func:`markdown` uses) and a JSON of provenance."""
+def write_raw(run_dirs: dict[str, Path], csv_path: Path, json_path: Path, provenance: dict) -> None:
+    """One CSV line per row and round (the metrics :func:`markdown` uses) and a JSON of provenance
+    (``machine()`` taken before the runs: the tree they ran from, not the CSV this rewrites)."""
     with csv_path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, FIELDS, lineterminator="\n")
         writer.writeheader()
         for row_id, run_dir in run_dirs.items():
             writer.writerows({"row": row_id, **{field: line[field] for field in FIELDS[1:]}} for line in fedray.read_metrics(run_dir))
     seconds = {row_id: json.loads((run_dir / "summary.json").read_text())["seconds"] for row_id, run_dir in run_dirs.items()}
-    json_path.write_text(json.dumps({"machine": machine(), "run_seconds": seconds}, indent=2) + "\n")
+    json_path.write_text(json.dumps({"machine": provenance, "run_seconds": seconds}, indent=2) + "\n")
 
 
 def read_raw(csv_path: Path) -> dict[str, list[dict[str, float]]]:
@@ -185,6 +186,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--work", type=Path, default=Path("runs/compression_table"), help="where the runs are kept (resumable)")
     args = parser.parse_args()
+    provenance = machine()
     work = args.work.absolute() / f"rounds{args.rounds}"
     run_dirs = {}
     for row_id, (method, _, compression) in ROWS.items():
@@ -192,7 +194,7 @@ def main() -> None:
         print(f"{method}: {run_dirs[row_id]}", flush=True)
     page = args.rounds == ROUNDS
     csv_path, json_path = (CSV_PATH, JSON_PATH) if page else (work / CSV_PATH.name, work / JSON_PATH.name)
-    write_raw(run_dirs, csv_path, json_path)
+    write_raw(run_dirs, csv_path, json_path, provenance)
     part = markdown(csv_path)
     print(part)
     if page:

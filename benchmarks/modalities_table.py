@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=REPO / "docs" / "results" / "modalities.md", help="the page; its .csv and .json are written next to it"
     )
     args = parser.parse_args(argv)
+    ran_from = machine()  # before the runs and before the CSV is rewritten: the tree the runs ran from
     raw, provenance = args.out.with_suffix(".csv"), args.out.with_suffix(".json")
     with raw.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, FIELDS, lineterminator="\n")
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     result = run(path, overrides, args.work, name)
                     writer.writerow({"algorithm": algorithm, "benchmark": benchmark, "run": name, **result})
                     print(f"{algorithm:<24} {benchmark:<34} {result}", flush=True)
-    provenance.write_text(json.dumps({"machine": machine()}, indent=2) + "\n")
+    provenance.write_text(json.dumps({"machine": ran_from}, indent=2) + "\n")
     table = markdown(raw)
     print(table)
     args.out.write_text(replace_between(args.out.read_text(), START, END, table, args.out))
