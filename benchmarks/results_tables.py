@@ -21,6 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import compression_table
@@ -119,32 +120,29 @@ DIGITS_PAGES = {
     "prototypes": "test_accuracy",
 }
 FMNIST_RAW = ("fmnist.csv", "fmnist_curves.csv", "fmnist_tuning.csv")
+
+
+def marked_table(page: str, script: ModuleType, stem: str) -> Table:
+    """The part of ``page`` between ``script``'s ``START`` and ``END`` markers, rendered by its
+    ``markdown`` from ``stem``.csv (with its provenance in ``stem``.json)."""
+    return Table(
+        page,
+        (f"{stem}.csv", f"{stem}.json"),
+        f"{script.__name__}.py",
+        lambda results: script.markdown(results / f"{stem}.csv"),
+        between_markers(script.START, script.END),
+    )
+
+
 TABLES = [
     *(
         Table(f"{name}.md", (f"{name}.csv",), "digits_table.py", digits_part(f"{name}.csv", metric), metric_table)
         for name, metric in DIGITS_PAGES.items()
     ),
     Table("privacy_utility_fmnist.md", ("privacy_utility_fmnist.csv",), "privacy_utility_fmnist.py", privacy_part, whole_page),
-    Table(
-        "compression.md",
-        (compression_table.CSV_PATH.name, compression_table.JSON_PATH.name),
-        "compression_table.py",
-        lambda results: compression_table.markdown(results / compression_table.CSV_PATH.name),
-        between_markers(compression_table.START, compression_table.END),
-    ),
-    Table(
-        "modalities.md",
-        ("modalities.csv", "modalities.json"),
-        "modalities_table.py",
-        lambda results: modalities_table.markdown(results / "modalities.csv"),
-        between_markers(modalities_table.START, modalities_table.END),
-    ),
-    Table(
-        "threats_digits.md",
-        (threats_table.CSV_PATH.name, threats_table.JSON_PATH.name),
-        "threats_table.py",
-        lambda results: threats_table.markdown(results / threats_table.CSV_PATH.name),
-        between_markers(threats_table.START, threats_table.END),
+    *(
+        marked_table(f"{stem}.md", script, stem)
+        for stem, script in [("compression", compression_table), ("modalities", modalities_table), ("threats_digits", threats_table)]
     ),
     *(
         Table(page, FMNIST_RAW, "real_table.py --report", fmnist_part(index), between_markers(start, end))
