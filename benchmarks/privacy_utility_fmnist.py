@@ -15,13 +15,20 @@ Clip bounds: ``privacy.clip`` for the weights' delta and each algorithm's bound 
 the median norm of its non-private updates (``--norms`` measures them: a deployment would have to pay
 privacy for that measurement, or take the bounds from public data).
 
-Resumable: each finished cell is appended to ``docs/results/privacy_utility_fmnist.csv`` and skipped on
-a rerun (a cell of another ``ROUNDS`` is run again); the Markdown table is rewritten from the CSV after
-every cell. Sizing: one FedSC cell of 30 rounds at ε = 4 took 307 CPU-seconds (two workers in one
-process), so a 20-round cell costs about 3.5 CPU-minutes, FedRCL's more, the table about 1.5 CPU-hours.
+Seeds: seed 0 for every cell; seeds 1 and 2 for ε ∈ {4, ∞} of every algorithm (then ε = 1 and 8 where
+run), so that each algorithm's loss to DP is a paired difference over seeds (the same seed gives both
+cells the same data split, cohorts, data order and initial weights) with Student's t 95 % interval.
 
-    python benchmarks/privacy_utility_fmnist.py                 # the whole table (24 cells, about 1.5 CPU-hours)
-    python benchmarks/privacy_utility_fmnist.py --only fedsc:4  # one cell
+Resumable: each finished cell is appended to ``docs/results/privacy_utility_fmnist.csv`` (with its
+seed and the commit it ran from) and skipped on a rerun (a cell of another ``ROUNDS`` is run again);
+the Markdown table is rewritten from the CSV after every cell, and each invocation's provenance
+(``machine()``: commit, versions, machine, date, load) is appended to ``privacy_utility_fmnist.json``.
+Sizing: a 20-round cell takes about 3 minutes on two cores (two workers in one process), the 24
+seed-0 cells about 1.5 hours, each further seed of ε ∈ {4, ∞} 36 minutes.
+
+    python benchmarks/privacy_utility_fmnist.py                 # every cell not yet in the CSV, in the order above
+    python benchmarks/privacy_utility_fmnist.py --only fedsc:4  # one cell (seed 0)
+    python benchmarks/privacy_utility_fmnist.py --only fedsc:4:1  # one cell of seed 1
     python benchmarks/privacy_utility_fmnist.py --norms         # median update norms of each part, no DP
 """
 
@@ -29,16 +36,22 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from fedray.testing import Federation
+from fedray.tracking.paired import t_interval
+from vectorized import machine
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 CSV_PATH, MARKDOWN_PATH = RESULTS / "privacy_utility_fmnist.csv", RESULTS / "privacy_utility_fmnist.md"
+JSON_PATH = RESULTS / "privacy_utility_fmnist.json"
 ROUNDS = 20
 POPULATION, NOISE_COHORT = 10_000, 500
 EPSILONS = (1.0, 4.0, 8.0, math.inf)
@@ -83,15 +96,36 @@ CLIPS = {
     "fedrcl": ["privacy.clip=1.0"],
     "fedcosr": ["privacy.clip=1.0", "privacy.clip_prototypes=1400", "privacy.clip_counts=150"],
 }
-FIELDS = ["algorithm", "epsilon", "delta", "population", "noise_cohort", "noise_multiplier", "rounds", "metric", "final", "seconds"]
+FIELDS = [
+    "algorithm",
+    "epsilon",
+    "delta",
+    "population",
+    "noise_cohort",
+    "noise_multiplier",
+    "rounds",
+    "metric",
+    "final",
+    "seconds",
+    "seed",
+    "commit",
+]
+#: The seeds run beside seed 0 (see the module docstring).
+EXTRA_SEEDS = (1, 2)
+PROVENANCE_NOTE = (
+    "One entry per invocation of benchmarks/privacy_utility_fmnist.py, taken before its runs; the CSV's commit "
+    "column names the tree of each cell. The 24 seed-0 cells came before provenance was recorded: they were "
+    "committed in 15dbb21 and dce477d (their commit column is empty)."
+)
 
 
-def run_cell(label: str, epsilon: float) -> dict:
+def run_cell(label: str, epsilon: float, seed: int, commit: str) -> dict:
     settings, metric = ALGORITHMS[label]
     privacy = [*DP, *CLIPS[label], f"privacy.target_epsilon={epsilon}"] if math.isfinite(epsilon) else []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
-        federation = Federation(run_dir, [*COMMON, f"train.rounds={ROUNDS}", *settings, *privacy], defaults=()).run(ROUNDS)
+        overrides = [*COMMON, f"train.rounds={ROUNDS}", f"seed={seed}", *settings, *privacy]
+        federation = Federation(run_dir, overrides, defaults=()).run(ROUNDS)
     row = federation.rows[-1]
     return {
         "algorithm": label,
@@ -104,15 +138,21 @@ def run_cell(label: str, epsilon: float) -> dict:
         "metric": metric,
         "final": row[metric],
         "seconds": round(time.perf_counter() - start, 1),
+        "seed": seed,
+        "commit": commit,
     }
 
 
-def finished_cells(path: Path = CSV_PATH) -> dict[tuple[str, float], dict]:
+Cell = tuple[str, float, int]  # (algorithm label, ε, seed)
+
+
+def finished_cells(path: Path = CSV_PATH) -> dict[Cell, dict]:
     """The cells of this ``ROUNDS`` in the CSV at ``path`` (a cell of another length is run again)."""
     if not path.exists():
         return {}
     with path.open() as file:
-        return {(row["algorithm"], float(row["epsilon"])): row for row in csv.DictReader(file) if int(row["rounds"]) == ROUNDS}
+        rows = [row for row in csv.DictReader(file) if int(row["rounds"]) == ROUNDS]
+    return {(row["algorithm"], float(row["epsilon"]), int(row["seed"])): row for row in rows}
 
 
 def append(result: dict) -> None:
@@ -124,36 +164,98 @@ def append(result: dict) -> None:
         writer.writerow(result)
 
 
-def markdown(cells: dict[tuple[str, float], dict]) -> str:
-    """The page ``docs/results/privacy_utility_fmnist.md``: the table of ``cells`` (:func:`finished_cells`)."""
-    header = " | ".join(f"ε = {'∞' if math.isinf(e) else f'{e:g}'}" for e in EPSILONS)
+def record_provenance(provenance: dict) -> None:
+    """Appends one invocation's ``machine()`` to the JSON beside the CSV."""
+    runs = json.loads(JSON_PATH.read_text())["runs"] if JSON_PATH.exists() else []
+    JSON_PATH.write_text(json.dumps({"note": PROVENANCE_NOTE, "runs": [*runs, provenance]}, indent=2) + "\n")
+
+
+def epsilon_label(epsilon: float) -> str:
+    return "∞" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def seeds_of(cells: dict[Cell, dict], label: str, epsilon: float) -> dict[int, float]:
+    return {seed: float(row["final"]) for (name, eps, seed), row in cells.items() if (name, eps) == (label, epsilon)}
+
+
+def mean_cell(cells: dict[Cell, dict], label: str, epsilon: float) -> str:
+    """One seed: its value; several: mean ± std (ddof 1) and n; z where DP ran."""
+    finals = list(seeds_of(cells, label, epsilon).values())
+    if not finals:
+        return "*pending*"
+    z = next((row["noise_multiplier"] for (name, eps, _), row in cells.items() if (name, eps) == (label, epsilon)), "")
+    z_text = f"z = {float(z):.2f}" if z else ""
+    if len(finals) == 1:
+        return f"{finals[0]:.3f}" + (f" ({z_text})" if z_text else "")
+    spread = statistics.stdev(finals)
+    return f"{statistics.mean(finals):.3f} ± {spread:.3f} (n = {len(finals)}" + (f", {z_text})" if z_text else ")")
+
+
+def paired_cell(cells: dict[Cell, dict], label: str, epsilon: float) -> str:
+    """The cell at ``epsilon`` minus the cell at ε = ∞ of the same seed, in points: the mean over the
+    paired seeds and its 95 % Student's t interval (:func:`fedray.tracking.paired.t_interval`), bold
+    when the interval excludes 0; one seed: its difference alone."""
+    private, reference = seeds_of(cells, label, epsilon), seeds_of(cells, label, math.inf)
+    paired = sorted(set(private) & set(reference))
+    if not paired:
+        return "*pending*"
+    differences = np.array([100 * (private[seed] - reference[seed]) for seed in paired])
+    interval = t_interval(differences)
+    if interval is None:
+        return f"{differences[0]:+.1f} (n = 1)"
+    mean, low, high = interval
+    text = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] (n = {len(paired)})"
+    return f"**{text}**" if low > 0 or high < 0 else text
+
+
+def markdown(cells: dict[Cell, dict]) -> str:
+    """The page ``docs/results/privacy_utility_fmnist.md``: the tables of ``cells`` (:func:`finished_cells`)."""
+    header = " | ".join(f"ε = {epsilon_label(e)}" for e in EPSILONS)
+    private = [e for e in EPSILONS if math.isfinite(e)]
     lines = [
         "# Privacy-utility on Fashion-MNIST",
         "",
         f"Written by `python benchmarks/privacy_utility_fmnist.py` (its docstring gives the setting): 100 clients, "
         f"10 per round, {ROUNDS} rounds, central DP emulating N = {POPULATION:,} clients and M = {NOISE_COHORT} per round, "
-        f"δ = 1/N. Accuracy after the last round (z: the noise multiplier the accountant charges, each of a client's "
-        "P released parts noised with √P·z); *pending*: not run yet.",
+        f"δ = 1/N. Accuracy after the last round: one seed's value, or mean ± standard deviation over n seeds "
+        "(z: the noise multiplier the accountant charges, each of a client's P released parts noised with √P·z); "
+        "*pending*: not run yet.",
         "",
         f"| algorithm (metric) | {header} |",
         "|---|" + "---|" * len(EPSILONS),
     ]
     for label, (_, metric) in ALGORITHMS.items():
-        entries = []
-        for epsilon in EPSILONS:
-            row = cells.get((label, epsilon))
-            if row is None:
-                entries.append("*pending*")
-            else:
-                z = f" (z = {float(row['noise_multiplier']):.2f})" if row["noise_multiplier"] else ""
-                entries.append(f"{float(row['final']):.3f}{z}")
-        lines.append(f"| {label} ({metric}) | {' | '.join(entries)} |")
+        lines.append(f"| {label} ({metric}) | {' | '.join(mean_cell(cells, label, e) for e in EPSILONS)} |")
+    lines += [
+        "",
+        "## What DP costs each algorithm, paired by seed",
+        "",
+        "Accuracy at ε minus accuracy without DP (ε = ∞) of the same seed, in percentage points: the same seed "
+        "gives both runs the same data split, cohorts, data order and initial weights, so the difference is DP's "
+        "alone. Mean over the n paired seeds [95 % confidence interval, Student's t with n − 1 degrees of "
+        "freedom]; **bold**: the interval excludes 0. One seed: its difference, no interval.",
+        "",
+        "| algorithm | " + " | ".join(f"ε = {epsilon_label(e)}" for e in private) + " |",
+        "|---|" + "---|" * len(private),
+    ]
+    for label in ALGORITHMS:
+        lines.append(f"| {label} | {' | '.join(paired_cell(cells, label, e) for e in private)} |")
     return "\n".join(lines) + "\n"
 
 
 def write_markdown() -> None:
     """Rewrites the page from the CSV."""
     MARKDOWN_PATH.write_text(markdown(finished_cells()))
+
+
+def planned_cells() -> list[Cell]:
+    """Seed 0 a column at a time (no DP and ε = 4 first: a table cut short still compares every
+    algorithm); then seeds 1 and 2 of ε ∈ {∞, 4} an algorithm at a time (a cut-short run still pairs
+    whole algorithms); then seeds 1 and 2 of ε ∈ {1, 8}."""
+    first = [(label, epsilon, 0) for epsilon in (math.inf, 4.0, 1.0, 8.0) for label in ALGORITHMS]
+    paired = [(label, epsilon, seed) for label in ALGORITHMS for seed in EXTRA_SEEDS for epsilon in (math.inf, 4.0)]
+    rest = [(label, epsilon, seed) for epsilon in (1.0, 8.0) for label in ALGORITHMS for seed in EXTRA_SEEDS]
+    return first + paired + rest
 
 
 def median_norms(label: str, rounds: int = 3) -> dict[str, float]:
@@ -174,26 +276,34 @@ def median_norms(label: str, rounds: int = 3) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", default=None, help="cells as label:epsilon (inf for no DP), e.g. fedsc:4")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="cells as label:epsilon[:seed] (inf for no DP; seed 0 if left out), e.g. fedsc:4:1"
+    )
     parser.add_argument("--norms", action="store_true", help="print the median update norms of each algorithm's parts and stop")
     args = parser.parse_args()
     if args.norms:
         for label in ALGORITHMS:
             print(label, {key: round(value, 3) for key, value in median_norms(label).items()}, flush=True)
         return
-    # a column at a time, no DP and ε = 4 first: a table cut short still compares every algorithm
-    cells = [(label, epsilon) for epsilon in (math.inf, 4.0, 1.0, 8.0) for label in ALGORITHMS]
+    cells = planned_cells()
     if args.only is not None:
-        wanted = {(label, float(epsilon)) for label, epsilon in (cell.split(":") for cell in args.only)}
+        wanted = set()
+        for cell in args.only:
+            label, epsilon, *seed = cell.split(":")
+            wanted.add((label, float(epsilon), int(seed[0]) if seed else 0))
         cells = [cell for cell in cells if cell in wanted]
+    cells = [cell for cell in cells if cell not in finished_cells()]
+    if not cells:
+        print("every planned cell is in the CSV")
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for label, epsilon in cells:
-        if (label, epsilon) in finished_cells():
-            continue
-        result = run_cell(label, epsilon)
+    provenance = machine()  # before the runs: the tree they ran from, not the CSV this appends to
+    record_provenance({**provenance, "cells": [f"{label}:{epsilon_label(eps)}:{seed}" for label, eps, seed in cells]})
+    for label, epsilon, seed in cells:
+        result = run_cell(label, epsilon, seed, provenance["commit"])
         append(result)
         write_markdown()
-        print(f"{label} ε={epsilon:g}: {result['metric']} {result['final']:.3f} ({result['seconds']} s)", flush=True)
+        print(f"{label} ε={epsilon:g} seed {seed}: {result['metric']} {result['final']:.3f} ({result['seconds']} s)", flush=True)
 
 
 if __name__ == "__main__":
