@@ -1,6 +1,7 @@
-"""A real two-node Ray cluster on this machine (fedray.testing.cluster): runs submitted with
-``fedray submit`` spread their workers over both nodes, return their results through a ``file://``
-URI, and survive losing the second node mid-run with the same final model. A stateful algorithm
+"""A real two-node Ray cluster on this machine (fedray.testing.cluster): a run submitted with
+``fedray submit`` spreads its workers over both nodes, returns its results through a ``file://``
+URI, and survives losing the second node mid-run with the same final model; a submitted sweep runs
+``fedray tune`` on the cluster. A stateful algorithm
 (FedCoSR's personal layers) keeps its client state on a real S3 endpoint (moto's server on loopback)
 instead of a shared directory and survives the same loss; a run whose client state would be
 node-local is refused before its first round. (The S3 state store itself, and SCAFFOLD's state in
@@ -105,39 +106,6 @@ def job_id(result: subprocess.CompletedProcess) -> str:
     return match.group(1)
 
 
-@pytest.fixture(scope="module")
-def fault_free_run(cluster, work_dir, tmp_path_factory):
-    """A run submitted with --follow whose output.dir is a file:// URI; returns its synced run dir."""
-    results, staging = tmp_path_factory.mktemp("results"), tmp_path_factory.mktemp("staging")
-    result = submit(
-        cluster[0],
-        work_dir,
-        "--follow",
-        "--",
-        "run",
-        str(work_dir / "run.yaml"),
-        "--quiet",
-        "--set",
-        f"output.dir=file://{results}",
-        "--set",
-        f"output.staging_dir={staging}",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"job {job_id(result)}: SUCCEEDED" in result.stderr
-    return results / "run"
-
-
-def test_submitted_run_spreads_workers_over_both_nodes(cluster, fault_free_run):
-    the_cluster, _, nodes = cluster
-    assert json.loads((fault_free_run / "summary.json").read_text())["rounds"] == ROUNDS
-    assert [r["round"] for r in read_metrics(fault_free_run)] == list(range(1, ROUNDS + 1))
-    placement = json.loads((fault_free_run / WORKERS_FILE).read_text())
-    assert placement["driver_node_id"] == nodes["head"]
-    assert sorted(placement["placements"][0]["worker_node_ids"]) == sorted(nodes.values())
-    servers = the_cluster.state("actors", class_name="Server")
-    assert servers and {server["node_id"] for server in servers} == {nodes["head"]}
-
-
 def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_path):
     sweep = work_dir / "sweep.yaml"
     sweep.write_text(
@@ -164,6 +132,7 @@ def test_submitted_sweep_runs_fedray_tune_on_the_cluster(cluster, work_dir, tmp_
     )
     result = submit(cluster[0], work_dir, "--follow", "--", "tune", str(sweep))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"job {job_id(result)}: SUCCEEDED" in result.stderr
     [sweep_dir] = (tmp_path / "sweeps").iterdir()
     [trial] = pq.read_table(sweep_dir / "trials.parquet").to_pylist()
     assert (trial["status"], trial["round"]) == ("TERMINATED", 2)
@@ -216,11 +185,14 @@ def finish(process: subprocess.Popen) -> None:
 
 
 def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, work_dir, s3, tmp_path):
-    """No directory is shared for client state: it lives on the S3 endpoint. Clients of the second
-    node's worker move to its replacement on the head, which reads their state from S3; the run
-    ends with the weights and metrics of an uninterrupted run (the same config on the local backend
-    in this process, bit-identical to an uninterrupted cluster run: tests/runtime/test_backends.py).
-    The run is a submitted job that ``fedray jobs logs --follow`` follows to its end."""
+    """A submitted run spreads its workers over both nodes, keeps its driver and server on the head
+    and writes its run directory through a ``file://`` URI (synced from a staging directory after
+    every checkpoint). No directory is shared for client state: it lives on the S3 endpoint. Clients
+    of the second node's worker move to its replacement on the head, which reads their state from S3;
+    the run ends with the weights and metrics of an uninterrupted run (the same config on the local
+    backend in this process, bit-identical to an uninterrupted cluster run:
+    tests/runtime/test_backends.py). The run is a submitted job that ``fedray jobs logs --follow``
+    follows to its end."""
     algorithm = "fedcosr"
     the_cluster, second, nodes = second_node(cluster)
     config = stateful_config(work_dir, algorithm)
@@ -229,20 +201,25 @@ def test_stateful_run_with_state_on_s3_survives_losing_the_second_node(cluster, 
     reference = load_config(config, [f"output.dir={results}", state_dir, "output.name=reference", "resources.backend=local"])
     run_experiment(reference, progress=False)
 
-    common = [config, "--quiet", "--set", f"output.dir={results}", "--set", state_dir, "--set", "output.name=faulted"]
+    settings = [f"output.dir=file://{results}", f"output.staging_dir={tmp_path / 'staging'}", state_dir, "output.name=faulted"]
+    common = [config, "--quiet", *[word for setting in settings for word in ("--set", setting)]]
     faulted = start_run(the_cluster, work_dir, tmp_path / "faulted.log", *common)
     run_dir = results / "faulted"
     deadline = time.monotonic() + 300
-    while not list_checkpoints(run_dir):  # round 1 is done: both nodes have workers at work
+    while not list_checkpoints(run_dir):  # round 1 is done and synced: both nodes have workers at work
         assert time.monotonic() < deadline and faulted.poll() is None, faulted.log.read_text()[-3000:]
         time.sleep(0.1)
+    servers = the_cluster.state("actors", class_name="Server", state="ALIVE")
+    assert [server["node_id"] for server in servers] == [nodes["head"]]  # this run's server (the sweep's has ended)
     second.kill()
     finish(faulted)
 
     reference_dir = results / "reference"
-    placements = json.loads((run_dir / WORKERS_FILE).read_text())["placements"]
-    assert nodes["second"] in placements[0]["worker_node_ids"]
-    assert placements[-1]["worker_node_ids"] == [nodes["head"], nodes["head"]]  # recovered on the head
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == STATEFUL_ROUNDS  # the last file, synced
+    workers = json.loads((run_dir / WORKERS_FILE).read_text())
+    assert workers["driver_node_id"] == nodes["head"]
+    assert sorted(workers["placements"][0]["worker_node_ids"]) == sorted(nodes.values())  # spread over both nodes
+    assert workers["placements"][-1]["worker_node_ids"] == [nodes["head"], nodes["head"]]  # recovered on the head
     assert [node["node_id"] for node in the_cluster.alive_nodes()] == [nodes["head"]]
     assert load_checkpoint(list_checkpoints(run_dir)[-1][1])["worker_restarts"] >= 1  # a worker really died
     assert torch.equal(final_weights(run_dir), final_weights(reference_dir))
