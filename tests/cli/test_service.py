@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,29 +16,9 @@ import pytest
 
 from fedray.runtime.processes import is_running, process_start_time, process_tree
 from fedray.runtime.service import STATE_FILE, ServiceState
+from service_helpers import LOOPBACK, SMALL_RUN, command_of, fedray, head_processes, listening_sockets, wait_until
 
 pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray heads, one at a time (pytest -n)
-
-SMALL_RUN = [
-    "--quiet",
-    "--set",
-    "train.rounds=1",
-    "--set",
-    "data.num_clients=4",
-    "--set",
-    "train.clients_per_round=2",
-    "--set",
-    "output.tensorboard=false",
-    "--set",
-    "output.plots=false",
-]
-
-
-def fedray(*args: str, cwd: Path, service_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env["FEDRAY_SERVICE_DIR"] = str(service_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "fedray.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
 
 
 def driver_node_id(run_dir: Path) -> str:
@@ -66,6 +47,27 @@ def test_up_run_uses_the_service_and_down_stops_exactly_it(tmp_path):
 
         again = fedray("up", "--detach", cwd=tmp_path, service_dir=service_dir)  # one service per directory
         assert again.returncode == 2 and f"already starting or running in {service_dir} (pid {state.pid})" in again.stderr
+
+        # it listens on the loopback only; the agents may come up after `up --detach` has returned
+        agents = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+        def agents_up() -> bool:
+            commands = " ".join(command for _, _, command in listening_sockets(service_dir, state))
+            return all(name in commands for name in agents)
+
+        def names() -> str:  # what listens, and what of the head's runs (a failure's message)
+            listening = sorted({command.split()[0].rsplit("/", 1)[-1] for _, _, command in listening_sockets(service_dir, state)})
+            running = sorted({" ".join(command_of(pid))[:40].split()[0].rsplit("/", 1)[-1] for pid, _ in head_processes(service_dir)})
+            return f"listening: {listening}; running: {running}"
+
+        assert wait_until(agents_up, 300), names()
+        for _ in range(5):  # and a few seconds more, for a server that comes late
+            listening = listening_sockets(service_dir, state)
+            # GCS, raylet (2), Ray's dashboard (2), agents (3 or more), client server, autoscaler metrics, fedray's dashboard
+            assert len(listening) >= 10, listening
+            assert [entry for entry in listening if entry[0] not in LOOPBACK] == []
+            time.sleep(2)
+        assert any(port == int(state.ray_address.rsplit(":", 1)[1]) for _, port, _ in listening)  # the GCS is among them
 
         runs = [fedray("run", *SMALL_RUN, "--set", "resources.num_workers=2", cwd=tmp_path, service_dir=service_dir) for _ in range(2)]
         for result in runs:

@@ -1,12 +1,10 @@
 """``fedray up`` / ``fedray down`` on the paths that are not the happy one: two ``up`` at once, an
 ``up`` that dies or is stopped by a signal, a ``down`` that must stop what a dead service left and
-nothing else, a run that joins a service whose head died, and what the service listens on.
+nothing else, and a run that joins a service whose head died (what the service listens on:
+test_service.py's up-run-down test).
 
-Real processes throughout: the console entry point in subprocesses, a real Ray head, real signals.
-The processes of a test's service are found, independently of fedray's own bookkeeping, by what
-their environment holds: every process that a test's ``fedray`` commands start carries its
-``FEDRAY_SERVICE_DIR``, and every process of a Ray head that ``fedray up`` starts carries
-``RAY_AUTH_TOKEN_PATH=<service dir>/auth_token``. Whatever a failed test leaves is killed by that."""
+Real processes throughout: the console entry point in subprocesses, a real Ray head, real signals;
+a test's processes are found as service_helpers.py says."""
 
 from __future__ import annotations
 
@@ -20,96 +18,24 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_service import SMALL_RUN, fedray
 
-from fedray.runtime.processes import is_running, process_tree
+from fedray.runtime.processes import is_running
 from fedray.runtime.service import STATE_FILE, ServiceState
+from service_helpers import (
+    SMALL_RUN,
+    command_of,
+    environment,
+    fedray,
+    head_processes,
+    kill_everything,
+    start_ticks,
+    start_up,
+    started_processes,
+    up_detached,
+    wait_until,
+)
 
 pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray heads, one at a time (pytest -n)
-
-LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
-
-
-def _start_ticks(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-
-
-def _with_environment(entry: str) -> list[tuple[int, int]]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                found.append((int(proc.name), _start_ticks(int(proc.name))))
-        except (OSError, IndexError, ValueError):
-            continue
-    # and their descendants: a process that sets its title (Ray's agents do) may overwrite the environment /proc shows
-    return [process for process in process_tree(*(pid for pid, _ in found)) if process[0] != os.getpid()]
-
-
-def head_processes(service_dir: Path) -> list[tuple[int, int]]:
-    """The running processes of every Ray head started for ``service_dir``."""
-    return [p for p in _with_environment(f"RAY_AUTH_TOKEN_PATH={service_dir / 'auth_token'}") if is_running(*p)]
-
-
-def started_processes(service_dir: Path) -> list[tuple[int, int]]:
-    """Every running process that a test's fedray commands for ``service_dir`` started, or their descendants."""
-    return [p for p in _with_environment(f"FEDRAY_SERVICE_DIR={service_dir}") if is_running(*p)]
-
-
-def command_of(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
-
-
-def wait_until(condition, timeout: float, step: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
-
-
-def kill_everything(service_dir: Path) -> None:
-    """A failed test must not leave its processes behind."""
-    for pid, _ in started_processes(service_dir):
-        try:
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def environment(service_dir: Path) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env["FEDRAY_SERVICE_DIR"] = str(service_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def start_up(service_dir: Path, cwd: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fedray.cli.main", "up", "--warm-workers", "0", "--num-cpus", "2", *args],
-        cwd=cwd,
-        env=environment(service_dir),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def up_detached(service_dir: Path, cwd: Path) -> ServiceState:
-    up = fedray("up", "--detach", "--warm-workers", "0", "--num-cpus", "2", cwd=cwd, service_dir=service_dir)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ServiceState.read(service_dir / STATE_FILE)
-    assert state is not None
-    return state
 
 
 @pytest.mark.slow
@@ -145,46 +71,6 @@ def test_two_ups_started_together_run_one_service_and_the_other_says_so(tmp_path
     finally:
         if (service_dir / STATE_FILE).exists():
             fedray("down", cwd=tmp_path, service_dir=service_dir)
-        kill_everything(service_dir)
-
-
-@pytest.mark.slow
-def test_the_service_listens_on_the_loopback_only(tmp_path):
-    service_dir = tmp_path / "service"
-    try:
-        state = up_detached(service_dir, tmp_path)
-
-        def sockets() -> list[tuple[str, int, str]]:
-            pids = {pid for pid, _ in head_processes(service_dir)} | {state.pid}
-            found = []
-            for connection in psutil.net_connections(kind="inet"):
-                listening = connection.status == psutil.CONN_LISTEN or (connection.type == 2 and connection.laddr)  # TCP, or bound UDP
-                if connection.pid in pids and listening:
-                    found.append((connection.laddr.ip, connection.laddr.port, " ".join(command_of(connection.pid))[:80]))
-            return found
-
-        agents = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # they may come up after `up --detach` has returned
-
-        def agents_up() -> bool:
-            commands = " ".join(command for _, _, command in sockets())
-            return all(name in commands for name in agents)
-
-        def names() -> list[str]:  # what listens, and what of the head's runs (a failure's message)
-            listening = sorted({command.split()[0].rsplit("/", 1)[-1] for _, _, command in sockets()})
-            running = sorted({" ".join(command_of(pid))[:40].split()[0].rsplit("/", 1)[-1] for pid, _ in head_processes(service_dir)})
-            return [f"listening: {listening}", f"running: {running}"]
-
-        if not wait_until(agents_up, 300):
-            pytest.fail("; ".join(names()))
-        for _ in range(5):  # and a few seconds more, for a server that comes late
-            listening = sockets()
-            # GCS, raylet (2), Ray's dashboard (2), agents (3 or more), client server, autoscaler metrics, fedray's dashboard
-            assert len(listening) >= 10, listening
-            assert [entry for entry in listening if entry[0] not in LOOPBACK] == []
-            time.sleep(2)
-        assert any(port == int(state.ray_address.rsplit(":", 1)[1]) for _, port, _ in listening)  # the GCS is among them
-    finally:
-        fedray("down", cwd=tmp_path, service_dir=service_dir)
         kill_everything(service_dir)
 
 
@@ -273,7 +159,7 @@ def test_down_acts_only_on_processes_and_a_temp_dir_that_are_the_services(tmp_pa
     (precious / "thesis.tex").write_text("years of work")
     bystanders = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
     try:
-        ticks = [_start_ticks(process.pid) for process in bystanders]
+        ticks = [start_ticks(process.pid) for process in bystanders]
         state = ServiceState(
             pid=bystanders[0].pid,
             pid_start=ticks[0],
