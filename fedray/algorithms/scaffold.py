@@ -91,7 +91,9 @@ def local_steps(num_samples: int, train: TrainConfig) -> int:
 
 class Scaffold(ServerOptimizedAlgorithm):
     name = "scaffold"
-    uploads = ServerOptimizedAlgorithm.uploads | {Upload("control variates", sums=("delta_control",))}
+    uploads = ServerOptimizedAlgorithm.uploads | {
+        Upload("control variates", sums=("delta_control",), clipped=(("delta_control", "clip_controls"),))
+    }
     keeps_client_state = True
     Params = ScaffoldParams
     params: ScaffoldParams

@@ -11,7 +11,8 @@ Learning with Adaptive Clipping", Alg. 1): γ (target quantile) → ``privacy.ta
 (clip learning rate) → ``privacy.clip_lr``, σ_b (noise on the count of unclipped updates) →
 ``privacy.clipped_count_stddev``, C⁰ → ``privacy.clip``. The bounds of the other upload kinds (docs/guide/privacy.md,
 'Every upload kind'): prototypes and class representations → ``privacy.clip_prototypes``, logit knowledge →
-``privacy.clip_logits``, per-class counts → ``privacy.clip_counts``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
+``privacy.clip_logits``, per-class counts → ``privacy.clip_counts``, SCAFFOLD's control-variate updates Δc_i →
+``privacy.clip_controls``. Krum's f (Blanchard et al., NeurIPS 2017) → ``robust.krum_f``, the
 trimmed mean's β (Yin et al., ICML 2018) → ``robust.trim_fraction``, Bulyan's f (El Mhamdi et al., ICML 2018) →
 ``robust.krum_f``; ALIE's z (Baruch et al., NeurIPS 2019) → ``robust.alie_z``; the backdoor's trigger, share of
 poisoned samples, target label and boost factor γ (Bagdasaryan et al., AISTATS 2020) → ``robust.trigger_size``,
@@ -109,6 +110,13 @@ class PrivacyConfig(_Section):
     )
     clip_logits: float | None = Field(
         None, gt=0, allow_inf_nan=True, description="L2 bound of each client's per-class logit knowledge (FedSKC, [classes, classes])"
+    )
+    clip_controls: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=True,
+        description="L2 bound of each client's control-variate update Δc_i = c_i⁺ − c_i (SCAFFOLD; the summed "
+        "[parameters] upload), needed when the algorithm uploads them (.inf: no clipping)",
     )
     clip_counts: float | None = Field(
         None,

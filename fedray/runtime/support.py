@@ -141,7 +141,7 @@ class Feature:
 
 
 _SYSTEMS = "systems.enabled=true"
-_DP_COMPLETIONS = ("privacy.clip_prototypes=1.0", "privacy.clip_logits=1.0", "privacy.clip_counts=1.0")
+_DP_COMPLETIONS = ("privacy.clip_prototypes=1.0", "privacy.clip_logits=1.0", "privacy.clip_counts=1.0", "privacy.clip_controls=1.0")
 _ROBUST_COHORT = "train.clients_per_round=7"  # Bulyan's 4f + 3 with f = 1 (Krum's 2f + 3): the same cohort for every rule
 
 #: Column headings (the rest are the names themselves) and the keys a rule needs beyond ``robust.rule``

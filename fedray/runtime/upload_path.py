@@ -25,7 +25,7 @@ malicious client poisoned data (:meth:`ClientUploadPath.poisoned_data`), and its
 scaled by ``robust.boost`` when that is not 1.
 
 Under privacy every other upload a client makes (prototypes, class representations, logit knowledge,
-per-class counts: :func:`~fedray.algorithms.uploads.private_parts`) is clipped on the worker, each
+per-class counts, SCAFFOLD's control variates: :func:`~fedray.algorithms.uploads.private_parts`) is clipped on the worker, each
 upload's tensors by one factor so that each is within its own bound, and noised with the same
 Gaussian mechanism: a part summed over the cohort gets noise on the sum (central; std z_i·C_i·m/M) or
 on each client (local), a part the server needs client by client gets noise z_i·C_i on each client's

@@ -158,7 +158,6 @@ def test_central_accounting_resumes_and_the_budget_stops_the_run(tmp_path):
 @pytest.mark.parametrize(
     ("algorithm", "message"),
     [
-        ("scaffold", "scaffold uploads control variates"),
         ("feddyn", "feddyn does not declare what it uploads"),
     ],
 )

@@ -1,6 +1,7 @@
 """Differential privacy of every upload kind (docs/guide/privacy.md, 'Every upload kind'): prototypes,
-class representations, logit knowledge and per-class counts are clipped per client to their own
-bounds and noised with the same Gaussian mechanism, whose parts the accountant charges as one."""
+class representations, logit knowledge, per-class counts and SCAFFOLD's control variates are clipped
+per client to their own bounds and noised with the same Gaussian mechanism, whose parts the accountant
+charges as one."""
 
 from __future__ import annotations
 
@@ -27,14 +28,22 @@ KINDS = {
     "fedcosr": ["privacy.clip_prototypes={proto}", "privacy.clip_counts={counts}"],
     "fedsc": ["privacy.clip_prototypes={proto}", "privacy.sampling=fixed_size"],
     "fedskc": ["privacy.clip_logits={proto}", "privacy.sampling=fixed_size", "algorithm.gda_mode=fedavg"],
+    "scaffold": ["privacy.clip_controls={controls}"],
 }
 
 
 def private(
-    algorithm: str, mechanism: str = "central", clip: float = 0.05, proto: float = 0.5, counts: float = 2.0, z: float = 0.0
+    algorithm: str,
+    mechanism: str = "central",
+    clip: float = 0.05,
+    proto: float = 0.5,
+    counts: float = 2.0,
+    z: float = 0.0,
+    controls: float = 0.05,
 ) -> list[str]:
     settings = [f"privacy.mechanism={mechanism}", f"privacy.clip={clip}", f"privacy.noise_multiplier={z}"]
-    return [f"algorithm.name={algorithm}", *settings, *(s.format(proto=proto, counts=counts) for s in KINDS[algorithm])]
+    bounds = [s.format(proto=proto, counts=counts, controls=controls) for s in KINDS[algorithm]]
+    return [f"algorithm.name={algorithm}", *settings, *bounds]
 
 
 def _value(update, key: str) -> torch.Tensor:
@@ -98,6 +107,16 @@ def test_central_noise_on_summed_prototypes_and_counts_has_the_configured_std(tm
     _assert_std(results.sums["class_sums"], math.sqrt(3) * 0.8 * 0.5 * 3 / 6)
     _assert_std(results.sums["class_counts"], math.sqrt(3) * 0.8 * 3.0 * 3 / 6)
     assert row["dp_noise_multiplier"] == 0.8  # the accountant charges the composed z
+
+
+def test_central_noise_on_scaffolds_summed_control_variates_has_the_configured_std(tmp_path):
+    """SCAFFOLD releases P = 2 parts (weights, control-variate updates): the Δc sum gets √2·z·C_c·m/M."""
+    federation = Federation(tmp_path, [*private("scaffold", z=0.6, controls=0.3), "privacy.noise_cohort_size=6"])
+    path = ServerUploadPath(federation.config, federation.algorithm)
+    assert path.released_parts == 2 and [p.key for p in path.parts] == ["delta_control"]
+    results, row = path.apply(2, _zeros_results({"delta_control": torch.zeros(200_000, dtype=torch.float64)}, {}, 3), torch.zeros(10))
+    _assert_std(results.sums["delta_control"], math.sqrt(2) * 0.6 * 0.3 * 3 / 6)
+    assert row["dp_noise_multiplier"] == 0.6
 
 
 def test_per_client_prototypes_get_their_own_noise_and_anonymous_keys(tmp_path):
@@ -173,6 +192,19 @@ def test_no_noise_and_no_clip_leave_prototypes_bit_identical(tmp_path):
     assert torch.equal(secret.results[0].sums["weights"], 3 * weights + total)
 
 
+def test_no_noise_and_no_clip_leave_scaffolds_control_variates_bit_identical(tmp_path):
+    """clip ∞ and z 0: round 1's summed Δc_i, the server's c = Σ Δc_i / N and the clients' stored c_i
+    are the non-private run's bit for bit (the weights take DP-FedAvg's uniform mean, so later rounds differ)."""
+    clients = [1, 3, 4]
+    secret = Federation(tmp_path / "private", private("scaffold", clip=math.inf, controls=math.inf))
+    plain = Federation(tmp_path / "plain", ["algorithm.name=scaffold"])
+    secret.run_round(1, clients)
+    plain.run_round(1, clients)
+    assert torch.equal(secret.results[0].sums["delta_control"], plain.results[0].sums["delta_control"])
+    assert torch.equal(secret.state["control"], plain.state["control"])
+    assert not torch.equal(secret.state["control"], torch.zeros_like(secret.state["control"]))
+
+
 def test_no_noise_and_no_clip_leave_fedscs_prototypes_bit_identical(tmp_path):
     """FedSC: every client's prototypes reach aggregate bit for bit (under anonymous keys)."""
     clients = [1, 2, 4]
@@ -228,7 +260,7 @@ BAD = [
         "fedskc uploads model weights per client (payload['weights']), which cannot be clipped and noised: it would be sent in "
         "the clear; set algorithm.gda_mode=fedavg",
     ),
-    ("control-variates", ["algorithm.name=scaffold", *PROTO], "scaffold uploads control variates (sums['delta_control'])"),
+    ("controls-missing", ["algorithm.name=scaffold", *PROTO], "privacy.clip_controls: scaffold uploads control variates"),
 ]
 
 
