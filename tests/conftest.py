@@ -62,6 +62,16 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def user_code_sweep(tmp_path_factory):
+    """The real ``fedray tune`` sweep of user code (``user_code_sweep_rig``), made once for the session's tests
+    that read it: those of ``tests/e2e/test_user_code_sweep.py`` and the dashboard's ``on_the_real_sweep``
+    tests, all in the xdist group ``user_code_sweep_rig.XDIST_GROUP`` so that with ``-n`` one worker makes it."""
+    from user_code_sweep_rig import make_user_code_sweep
+
+    return make_user_code_sweep(tmp_path_factory.mktemp("user-code-sweep"))
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A real S3 API (moto's server) on a free loopback port, with dummy credentials in the environment."""

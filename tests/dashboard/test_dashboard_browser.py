@@ -3,6 +3,11 @@ runs and by a real ``fedray tune`` sweep: the table lists every trial, the curve
 scatters render with data, a trial appended to the Parquet files appears without a reload, per-run
 views, messages for empty and half-written folders. Also the CLI serving the API (no browser needed).
 
+The real sweep is the user-code sweep of ``tests/e2e/test_user_code_sweep.py`` (``tests/user_code_sweep_rig.py``:
+a separate ``fedray tune`` process, two trials of a user's algorithm, model and dataset over
+``model.kwargs.hidden`` (grid) × ``algorithm.server_momentum`` (choice), plots on), made once per session by
+the ``user_code_sweep`` fixture for both modules; the tests that read it are marked ``on_the_real_sweep``.
+
 Browser tests skip when no Chromium is installed (CI installs Debian's ``chromium``). Screenshots go to
 ``tests/artifacts/`` (git-ignored); their paths are printed (``pytest -s``).
 """
@@ -18,6 +23,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -29,8 +35,8 @@ from test_dashboard_data import (
     write_comparison_sweep,
     write_meta,
     write_run_dir,
-    write_sweep_from_runs,
 )
+from user_code_sweep_rig import CLIENTS, HIDDEN, ROUNDS, SPACE, XDIST_GROUP, user_code_importable
 
 from fedray import load_config
 from fedray.dashboard import DashboardServer
@@ -58,79 +64,37 @@ needs_browser = pytest.mark.skipif(
 )
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_MS = 30_000
-SPACE = {"data.alpha": [0.1, 10.0], "algorithm.mu": [0.01, 0.1]}  # α on a grid, μ a random choice
-ROUNDS = 2
-CLIENTS_PER_ROUND = 3
-TINY_RUN = [
-    "data.num_clients=6",
-    f"train.clients_per_round={CLIENTS_PER_ROUND}",
-    f"train.rounds={ROUNDS}",
-    "train.local_epochs=1",
-    "resources.num_workers=1",
-    "checkpoint.every=10",
-    "output.tensorboard=false",
-    "algorithm.name=fedprox",
-]
+SMALL, LARGE = sorted(HIDDEN)  # the grid of model.kwargs.hidden: one trial each
 
 
-# The tests that read the real sweep run on one pytest-xdist worker (``--dist loadgroup``): the module-scoped
-# sweep is then made once, not once on every worker that happens to get one of them.
-on_the_real_sweep = pytest.mark.xdist_group("dashboard_real_sweep")
-
-
-def tune_available() -> bool:
-    try:
-        from fedray.tune import load_sweep, run_sweep  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# The tests that read the real sweep run on one pytest-xdist worker (``--dist loadgroup``), with the user-code
+# sweep's own test: the session-scoped sweep is then made once, not once on every worker that gets one of them.
+on_the_real_sweep = pytest.mark.xdist_group(XDIST_GROUP)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Fixtures
 
 
-@pytest.fixture(scope="module")
-def real_sweep(ray_session, tmp_path_factory) -> Path:
-    """A real 2-trial FedProx sweep over α (grid) and μ (choice), 2 rounds each, made by ``fedray tune``,
-    once for every test that reads it (they are all marked ``on_the_real_sweep``).
-    In a checkout without ``fedray.tune`` it is made of two ``run_experiment`` runs in ``trials/<id>/``
-    plus the contract's ``trials.parquet`` / ``rounds.parquet`` / ``meta.json`` written from their metrics."""
-    root = tmp_path_factory.mktemp("sweeps")
-    if tune_available():
-        from fedray.tune import load_sweep, run_sweep
-
-        sweep_file = root / "mu-alpha.yaml"
-        sweep_file.write_text(
-            json.dumps(
-                {  # JSON is YAML
-                    "name": "mu-alpha",
-                    "base": {},
-                    "overrides": TINY_RUN,
-                    "space": {"data.alpha": {"grid": SPACE["data.alpha"]}, "algorithm.mu": {"choice": SPACE["algorithm.mu"]}},
-                    "metric": "test_accuracy",
-                    "mode": "max",
-                    "output": {"dir": str(root)},
-                }
-            )
-        )
-        return run_sweep(load_sweep(sweep_file)).sweep_dir
-    from fedray.runtime import run_experiment
-
-    sweep = root / "mu-alpha-20260102-030405"
-    swept = {
-        f"t{i}": {"data.alpha": alpha, "algorithm.mu": mu} for i, (alpha, mu) in enumerate(zip(SPACE["data.alpha"], SPACE["algorithm.mu"]))
-    }
-    for trial_id, values in swept.items():
-        overrides = TINY_RUN + [f"output.dir={sweep / 'trials'}", f"output.name={trial_id}"] + [f"{k}={v}" for k, v in values.items()]
-        run_experiment(load_config(None, overrides), progress=False)
-    write_sweep_from_runs(sweep, swept)
-    return sweep
+@pytest.fixture
+def real_sweep(user_code_sweep) -> Path:
+    """The directory of the real 2-trial user-code sweep (``model.kwargs.hidden`` on a grid,
+    ``algorithm.server_momentum`` a choice, ``ROUNDS`` rounds of all ``CLIENTS`` clients each) that
+    ``fedray tune`` wrote, made once for every test that reads it (they are all marked ``on_the_real_sweep``).
+    Tests read it and do not write into it (a test that changes a sweep changes a copy)."""
+    return user_code_sweep.sweep_dir
 
 
-def trials_by_alpha(sweep: Path) -> dict[float, str]:
-    """Trial ids by their α (Tune names trials itself)."""
-    return {row["data.alpha"]: row["trial_id"] for row in pq.read_table(sweep / "trials.parquet").to_pylist()}
+def trials_by_hidden(sweep: Path) -> dict[int, str]:
+    """Trial ids by their ``model.kwargs.hidden`` (Tune names trials itself)."""
+    return {row["model.kwargs.hidden"]: row["trial_id"] for row in pq.read_table(sweep / "trials.parquet").to_pylist()}
+
+
+def config_value(config: Any, key: str) -> Any:
+    """The value of a dotted run-config key: ``data.alpha``, or ``model.kwargs.hidden`` (a key inside a mapping)."""
+    for part in key.split("."):
+        config = config[part] if isinstance(config, dict) else getattr(config, part)
+    return config
 
 
 def open_dashboard(page, server: DashboardServer) -> None:
@@ -171,10 +135,11 @@ def test_screenshots_go_to_a_folder_that_git_ignores_and_tracks_nothing_in():
     assert ignored.returncode == 0
 
 
-def check_sweep_page(page, sweep: Path, swept_keys: list[str]) -> list[dict]:
+def check_sweep_page(page, sweep: Path, swept_keys: list[str], scratch: Path) -> list[dict]:
     """What every sweep page must show: every trial, the best one marked, one curve per trial with
     one point per reported round, parallel coordinates with one axis per swept key plus the metric,
-    one scatter per swept key, and the best trial's config as a valid run config."""
+    one scatter per swept key, and the best trial's config as a valid run config (written to ``scratch``
+    and loaded there; the user code a config names must be importable)."""
     trials = pq.read_table(sweep / "trials.parquet").to_pylist()
     rounds = pq.read_table(sweep / "rounds.parquet").to_pylist()
     meta = json.loads((sweep / "meta.json").read_text())
@@ -201,13 +166,12 @@ def check_sweep_page(page, sweep: Path, swept_keys: list[str]) -> list[dict]:
 
     page.wait_for_selector("#best-config:not([hidden])")
     best_yaml = page.inner_text("#best-config")
-    copied = sweep.parent / f"best-of-{sweep.name}.yaml"
+    copied = scratch / f"best-of-{sweep.name}.yaml"
     copied.write_text(best_yaml)
     config = load_config(copied)  # a valid `fedray run` file ...
     best_row = next(t for t in trials if t["trial_id"] == best)
     for key in swept_keys:  # ... with the best trial's swept values
-        section, name = key.split(".")
-        assert getattr(getattr(config, section), name) == pytest.approx(best_row[key])
+        assert config_value(config, key) == pytest.approx(best_row[key])
     assert config.output.name is None  # and it will not overwrite the trial's directory
     return trials
 
@@ -218,29 +182,27 @@ def check_sweep_page(page, sweep: Path, swept_keys: list[str]) -> list[dict]:
 
 @needs_browser
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
-def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(page, real_sweep):
-    with serve(real_sweep) as server:
+def test_sweep_page_shows_trials_curves_parallel_coordinates_and_best_config(page, real_sweep, user_code_sweep, tmp_path):
+    with serve(real_sweep) as server, user_code_importable(user_code_sweep.project):  # the best config names the user's code
         open_dashboard(page, server)
-        check_sweep_page(page, real_sweep, list(SPACE))
+        check_sweep_page(page, real_sweep, list(SPACE), tmp_path)
         assert page.inner_text("#title") == real_sweep.name and "2 / 2 trials" in page.inner_text("#summary")
         assert page.inner_text("#sweep-status") == "finished"
 
-        by_alpha = trials_by_alpha(real_sweep)
-        page.click("#trials-table th[data-key='data.alpha']")  # sort: largest first, then smallest first
-        assert table_ids(page) == [by_alpha[10.0], by_alpha[0.1]]
-        page.click("#trials-table th[data-key='data.alpha']")
-        assert table_ids(page) == [by_alpha[0.1], by_alpha[10.0]]
+        by_hidden = trials_by_hidden(real_sweep)
+        page.click("#trials-table th[data-key='model.kwargs.hidden']")  # sort: largest first, then smallest first
+        assert table_ids(page) == [by_hidden[LARGE], by_hidden[SMALL]]
+        page.click("#trials-table th[data-key='model.kwargs.hidden']")
+        assert table_ids(page) == [by_hidden[SMALL], by_hidden[LARGE]]
 
-        page.click(f"#trials-table tbody tr[data-trial-id='{by_alpha[0.1]}'] input[type=checkbox]")  # untick: one curve fewer
+        page.click(f"#trials-table tbody tr[data-trial-id='{by_hidden[SMALL]}'] input[type=checkbox]")  # untick: one curve fewer
         wait_count(page, "#curves-plot .scatterlayer .trace", 1)
         screenshot(page, "dashboard_sweep.png")
 
 
 @needs_browser
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
 def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_sweep, tmp_path):
     sweep = tmp_path / real_sweep.name
@@ -253,12 +215,16 @@ def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_s
         wait_count(page, "#curves-plot .scatterlayer .trace", 2)
         page.evaluate("window.sameDocument = true")
 
-        a_trial = trials_by_alpha(sweep)[0.1]
+        trials = pq.read_table(sweep / "trials.parquet").to_pylist()
+        a_trial = trials_by_hidden(sweep)[SMALL]
         shutil.copytree(sweep / "trials" / a_trial, sweep / "trials" / "new")  # its run directory, for the best config
-        new_rounds = [{"trial_id": "new", **r} for r in synthetic_round_rows([0.9, 0.99])]
+        # better than every real trial (the first in table order wins a tie), so that it becomes the best
+        accuracies = [0.9, max(0.99, max(t["best_metric"] for t in trials) + 0.01)]
+        new_rounds = [{"trial_id": "new", **r} for r in synthetic_round_rows(accuracies)]
         write_table_atomically(pq.read_table(sweep / "rounds.parquet").to_pylist() + new_rounds, sweep / "rounds.parquet")
-        new_trial = trial_row("new", {"data.alpha": 0.5, "algorithm.mu": 0.5}, synthetic_round_rows([0.9, 0.99]), status="RUNNING")
-        write_table_atomically(pq.read_table(sweep / "trials.parquet").to_pylist() + [new_trial], sweep / "trials.parquet")
+        swept = {"model.kwargs.hidden": 8, "algorithm.server_momentum": 0.9}
+        new_trial = trial_row("new", swept, synthetic_round_rows(accuracies), status="RUNNING")
+        write_table_atomically(trials + [new_trial], sweep / "trials.parquet")
 
         page.wait_for_selector("#trials-table tbody tr[data-trial-id='new']")
         wait_count(page, "#curves-plot .scatterlayer .trace", 3)
@@ -270,31 +236,29 @@ def test_trial_appended_to_the_parquet_files_appears_without_reload(page, real_s
 
 @needs_browser
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
 def test_clicking_a_trial_shows_its_run(page, real_sweep):
-    trial_id = trials_by_alpha(real_sweep)[10.0]
+    trial_id = trials_by_hidden(real_sweep)[LARGE]
     with serve(real_sweep) as server:
         open_dashboard(page, server)
         page.click(f"#trials-table tbody tr[data-trial-id='{trial_id}'] td.status-TERMINATED")
         page.wait_for_function("(id) => document.getElementById('run-title').textContent === id", arg=trial_id)
         wait_count(page, "#run-accuracy-plot .scatterlayer .trace .point", ROUNDS)
         first_client_plot = "#run-clients .client-plot:first-child .boxlayer .point"
-        wait_count(page, first_client_plot, CLIENTS_PER_ROUND)  # one point per client of the last round
+        wait_count(page, first_client_plot, CLIENTS)  # one point per client of the last round (all of them train)
         page.wait_for_function(
             "() => { const img = document.getElementById('partition-img'); return !img.hidden && img.complete && img.naturalWidth > 0 }"
         )
-        assert "alpha: 10.0" in page.text_content("#run-config")
+        assert f"hidden: {LARGE}" in page.text_content("#run-config")
         screenshot(page, "dashboard_run_view.png")
 
 
 @needs_browser
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
 def test_real_sweep_has_importance_history_and_a_timeline_of_what_its_trials_held(page, real_sweep):
-    """On the folder ``fedray tune`` wrote: fANOVA importance of α and μ (Optuna), both trials in the optimisation
-    history, and one timeline bar per trial with the CPUs of its placement group (``placement.json``)."""
+    """On the folder ``fedray tune`` wrote: fANOVA importance of both swept keys (Optuna), both trials in the
+    optimisation history, and one timeline bar per trial with the CPUs of its placement group (``placement.json``)."""
     pytest.importorskip("optuna", reason="needs optuna (pip install -e '.[test]')")
     trials = pq.read_table(real_sweep / "trials.parquet").to_pylist()
     bundles = [json.loads((real_sweep / t["run_dir"] / "placement.json").read_text())["bundles"] for t in trials]
@@ -314,10 +278,9 @@ def test_real_sweep_has_importance_history_and_a_timeline_of_what_its_trials_hel
 
 @needs_browser
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
 def test_single_run_directory_opens_its_run_view(page, real_sweep):
-    trial_id = trials_by_alpha(real_sweep)[0.1]
+    trial_id = trials_by_hidden(real_sweep)[SMALL]
     with serve(real_sweep / "trials" / trial_id) as server:
         open_dashboard(page, server)
         wait_count(page, "#trials-table tbody tr", 1)
@@ -330,12 +293,9 @@ def test_single_run_directory_opens_its_run_view(page, real_sweep):
 
 
 @pytest.mark.slow
-@pytest.mark.ray
 @on_the_real_sweep
 def test_fedray_tune_writes_what_the_dashboard_reads(real_sweep):
     """The sweep directory contract, seen from the dashboard's side, on a folder written by ``fedray tune``."""
-    if not tune_available():
-        pytest.skip("this checkout has no `fedray tune` (fedray.tune.run_sweep); the dashboard tests ran on a sweep made of fedray runs")
     data = DashboardData(real_sweep)
     overview = data.overview()
     assert overview.kind == "sweep" and overview.messages == []  # nothing missing, nothing unreadable
@@ -345,7 +305,7 @@ def test_fedray_tune_writes_what_the_dashboard_reads(real_sweep):
         assert trial["status"] == "TERMINATED" and trial["round"] == ROUNDS and trial["run_dir"] == f"trials/{trial['trial_id']}"
         view = data.run_view(trial["trial_id"])
         assert view["messages"] == [] and view["run_dir"] == trial["run_dir"]
-        assert len(view["curves"]["test_accuracy"]["round"]) == ROUNDS and view["clients"]["num_clients"] == CLIENTS_PER_ROUND
+        assert len(view["curves"]["test_accuracy"]["round"]) == ROUNDS and view["clients"]["num_clients"] == CLIENTS
         log = data.run_log(trial["trial_id"])["text"]  # each trial's log.txt: a line per round, as `fedray run` shows it
         assert [f"round {r}/{ROUNDS}: loss=" in log for r in range(1, ROUNDS + 1)] == [True] * ROUNDS and "finished: final test acc." in log
         assert (
