@@ -88,6 +88,7 @@ from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 from fedray.tracking.health import collapsed
+from fedray.tracking.paired import t_interval
 from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,6 +161,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "also": [],
         "chance": 0.1,  # a uniform guess over Fashion-MNIST's 10 classes
         "summary": ("global model", "last_fifth"),
+        "reference": "fedavg",  # what the paired differences are against
     },
     "personalised": {
         "algorithms": ["fedavg", "local", "fedper", "fedcosr"],
@@ -171,6 +173,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "also": ["personal_accuracy_std"],
         "chance": 0.1,
         "summary": ("personalised (each client's own held-out split)", "last_fifth"),
+        "reference": "fedavg",
     },
     "ssl": {
         "algorithms": ["hetero_ssfl", "hetero_ssfl_local", "fedavg_byol", "hetero_ssfl_debiased", "fedema", "fedu"],
@@ -183,6 +186,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         "chance": None,  # even an untrained encoder probes at ~75 % (benchmarks/probe_floor.py)
         # The probe at the last round: the papers report the encoder they end with.
         "summary": ("self-supervised (linear probe)", "final"),
+        "reference": "fedavg_byol",
     },
 }
 # Tuning (run before the table): one sweep per algorithm in tune_configs/fmnist/, ranked on a
@@ -646,7 +650,10 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
         else f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
         "has not run on every seed yet"
     )
-    lines = [f"{done}; † marks a seed run at a lower learning rate than its tuned one."]
+    lines = [
+        f"{done}; † marks a seed run at a lower learning rate than its tuned one. ± is the standard deviation over "
+        "the seeds with divisor n (for 2 seeds: half their gap)."
+    ]
     cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
         title, key = spec["summary"]
@@ -678,7 +685,55 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
                 text = cell(cells_rows.get((group, algorithm, setting), []), key, seeds_wanted)
                 cells.append(f"**{text}**" if best[setting] == algorithm else text)
             lines.append(f"| {LABELS[algorithm]} | " + " | ".join(cells) + " |")
-    return lines + [""]  # a blank line ends the last table before the end marker
+    return lines + paired_lines(results) + [""]  # a blank line ends the last table before the end marker
+
+
+def paired_cell(rows: list[dict[str, str]], reference_rows: list[dict[str, str]], key: str) -> str:
+    """An algorithm's ``key`` minus the reference's, seed by seed (the same seed gives both the same data,
+    cohorts, data order and initial weights), in points: the mean over the seeds both trained to the end
+    and its 95 % Student's t interval (:func:`fedray.tracking.paired.t_interval`), bold when it excludes 0."""
+    mine = {r["seed"]: float(r[key]) for r in rows if not r.get("diverged")}
+    theirs = {r["seed"]: float(r[key]) for r in reference_rows if not r.get("diverged")}
+    seeds = sorted(set(mine) & set(theirs))
+    if not seeds:
+        return "–"
+    differences = np.array([100 * (mine[seed] - theirs[seed]) for seed in seeds])
+    interval = t_interval(differences)
+    if interval is None:
+        return f"{differences[0]:+.2f} (n = 1)"
+    mean, low, high = interval
+    text = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
+    return f"**{text}**" if low > 0 or high < 0 else text
+
+
+def paired_lines(results: list[dict[str, str]]) -> list[str]:
+    """The summary page's paired comparisons: per group, every algorithm against the group's reference
+    (:data:`GROUPS`' ``reference``) on the summary value, by :func:`paired_cell`."""
+    cells_rows = rows_by_cell(results)
+    lines = [
+        "",
+        "**Paired by seed.** Each algorithm's value minus the reference's of the same seed, in points: mean [95 % "
+        "confidence interval, Student's t with n − 1 degrees of freedom, n the seeds both trained to the end]; "
+        "**bold**: the interval excludes 0. With 2 seeds t has one degree of freedom (t = 12.71), so only a "
+        "difference that both seeds show almost equally is resolved.",
+    ]
+    for group, spec in GROUPS.items():
+        title, key = spec["summary"]
+        reference = spec["reference"]
+        lines += [
+            "",
+            f"| {title}: minus {LABELS[reference]} | " + " | ".join(SETTING_LABELS[s] for s in spec["settings"]) + " |",
+            "|---" * (1 + len(spec["settings"])) + "|",
+        ]
+        for algorithm in table_algorithms(spec):
+            if algorithm == reference:
+                continue
+            cells = [
+                paired_cell(cells_rows.get((group, algorithm, s), []), cells_rows.get((group, reference, s), []), key)
+                for s in spec["settings"]
+            ]
+            lines.append(f"| {LABELS[algorithm]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def replace_between(text: str, start: str, end: str, block: str, where: Path) -> str:

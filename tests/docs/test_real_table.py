@@ -236,7 +236,8 @@ def test_the_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
         for group, algorithm, setting, seed in real_table.planned(list(real_table.GROUPS), None, [0, 1])
     ]
     assert real_table.summary_lines(everything, seeds_wanted=2)[0] == (
-        f"All {planned} entries have finished; † marks a seed run at a lower learning rate than its tuned one."
+        f"All {planned} entries have finished; † marks a seed run at a lower learning rate than its tuned one. ± is the "
+        "standard deviation over the seeds with divisor n (for 2 seeds: half their gap)."
     )
     header = next(i for i, line in enumerate(lines) if line.startswith("| global model"))
     global_rows = lines[header + 2 : lines.index("", header)]
@@ -248,6 +249,12 @@ def test_the_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
     ]
     # a diverged entry ranks after every algorithm with a value
     assert global_rows.index("| SCAFFOLD | diverged (1/2 seeds) | pending |") > global_rows.index("| FedAvg | 81.00 ± 1.00 | pending |")
+    # paired by seed against FedAvg: +4 points on both seeds (an interval of width 0, so bold); one seed
+    # alone has no interval; a diverged entry has no pair
+    paired = lines[next(i for i, line in enumerate(lines) if line.startswith("| global model: minus FedAvg")) :]
+    assert "| FedProx | **+4.00 [+4.00, +4.00]** | – |" in paired
+    assert "| FedRCL | +10.00 (n = 1) | – |" in paired and "| SCAFFOLD | – | – |" in paired
+    assert not any(line.startswith("| FedAvg |") for line in paired[: paired.index("")])
     # every algorithm of every group has a row, under its readable name
     for spec in real_table.GROUPS.values():
         for algorithm in real_table.table_algorithms(spec):

@@ -84,3 +84,33 @@ def test_a_table_added_by_hand_outside_the_generated_part_fails_the_check(result
         "baselines.md: 1 tables outside its generated part, 0 listed in NOT_GENERATED "
         "(register a generated table in TABLES, or list a hand-written one with its reason)"
     ]
+
+
+def test_the_privacy_table_pairs_each_epsilon_with_no_dp_of_the_same_seed():
+    """DP's cost per algorithm: the cell at ε minus the cell at ε = ∞ of the same seed, a t interval
+    over the paired seeds (bold when it excludes 0); an unpaired seed counts for nothing."""
+    import privacy_utility_fmnist as table
+
+    def cell(label, epsilon, seed, final):
+        return (label, epsilon, seed), {"final": str(final), "noise_multiplier": "" if epsilon == float("inf") else "1.5"}
+
+    inf = float("inf")
+    cells = dict(
+        [
+            cell("fedavg", inf, 0, 0.80),
+            cell("fedavg", inf, 1, 0.82),
+            cell("fedavg", inf, 2, 0.84),
+            cell("fedavg", 4.0, 0, 0.78),
+            cell("fedavg", 4.0, 1, 0.79),
+            cell("fedavg", 4.0, 2, 0.80),
+            cell("fedavg", 4.0, 3, 0.10),  # no ε = ∞ run of seed 3: not paired
+            cell("fedsc", inf, 0, 0.85),
+            cell("fedsc", 4.0, 0, 0.15),
+        ]
+    )
+    # differences −2, −3, −4 points: mean −3, s = 1, t(0.975, 2) = 4.303, half-width 4.303/√3 = 2.48
+    assert table.paired_cell(cells, "fedavg", 4.0) == "**-3.0 [-5.5, -0.5] (n = 3)**"
+    assert table.paired_cell(cells, "fedsc", 4.0) == "-70.0 (n = 1)"
+    assert table.paired_cell(cells, "fedsc", 1.0) == "*pending*"
+    assert table.mean_cell(cells, "fedavg", inf) == "0.820 ± 0.020 (n = 3)"
+    assert table.mean_cell(cells, "fedsc", 4.0) == "0.150 (z = 1.50)"
