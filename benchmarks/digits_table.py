@@ -97,7 +97,8 @@ def table_markdown(results: list[dict[str, Any]], metric: str, also: Sequence[st
     also_keys = also_columns(also)
     algorithms, alphas = algorithms_and_alphas(results)
     lines = [
-        f"Metric: `{metric}` (%), mean ± std over seeds {sorted({r['seed'] for r in results})}; protocol in `benchmarks/digits_table.py`.",
+        f"Metric: `{metric}` (%), mean ± std (divisor n) over seeds {sorted({r['seed'] for r in results})}; "
+        "protocol in `benchmarks/digits_table.py`.",
         "",
         "| algorithm | "
         + " | ".join(

@@ -217,7 +217,7 @@ def markdown(cells: dict[Cell, dict]) -> str:
         "",
         f"Written by `python benchmarks/privacy_utility_fmnist.py` (its docstring gives the setting): 100 clients, "
         f"10 per round, {ROUNDS} rounds, central DP emulating N = {POPULATION:,} clients and M = {NOISE_COHORT} per round, "
-        f"δ = 1/N. Accuracy after the last round: one seed's value, or mean ± standard deviation over n seeds "
+        f"δ = 1/N. Accuracy after the last round: one seed's value, or mean ± standard deviation (divisor n − 1) over n seeds "
         "(z: the noise multiplier the accountant charges, each of a client's P released parts noised with √P·z); "
         "*pending*: not run yet.",
         "",

@@ -879,7 +879,7 @@ def report_blocks(out: Path, seeds_wanted: int, runs_dir: Path | None, extra: li
         if spec["also"]:
             header = [f"{s} final | {s} mean of {window} | {s} best | {s} std across clients (final)" for s in settings]
         lines += [
-            f"**{group}** — `{spec['metric']}` (%), mean ± std over seeds, {spec['rounds']} rounds:",
+            f"**{group}** — `{spec['metric']}` (%), mean ± std (divisor n) over seeds, {spec['rounds']} rounds:",
             "",
             "| algorithm | " + " | ".join(header) + " |",
             "|---|" + "---|" * (len(settings) * (4 if spec["also"] else 3)),
