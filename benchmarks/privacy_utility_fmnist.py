@@ -43,10 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
+from benchmark_tables import median_update_norms, paired_text
 from fedray.testing import Federation
-from fedray.tracking.paired import t_interval
 from vectorized import machine
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -192,20 +190,8 @@ def mean_cell(cells: dict[Cell, dict], label: str, epsilon: float) -> str:
 
 
 def paired_cell(cells: dict[Cell, dict], label: str, epsilon: float) -> str:
-    """The cell at ``epsilon`` minus the cell at ε = ∞ of the same seed, in points: the mean over the
-    paired seeds and its 95 % Student's t interval (:func:`fedray.tracking.paired.t_interval`), bold
-    when the interval excludes 0; one seed: its difference alone."""
-    private, reference = seeds_of(cells, label, epsilon), seeds_of(cells, label, math.inf)
-    paired = sorted(set(private) & set(reference))
-    if not paired:
-        return "*pending*"
-    differences = np.array([100 * (private[seed] - reference[seed]) for seed in paired])
-    interval = t_interval(differences)
-    if interval is None:
-        return f"{differences[0]:+.1f} (n = 1)"
-    mean, low, high = interval
-    text = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] (n = {len(paired)})"
-    return f"**{text}**" if low > 0 or high < 0 else text
+    """The cell at ``epsilon`` minus the cell at ε = ∞ of the same seed (:func:`paired_text`)."""
+    return paired_text(seeds_of(cells, label, epsilon), seeds_of(cells, label, math.inf), decimals=1, with_n=True) or "*pending*"
 
 
 def markdown(cells: dict[Cell, dict]) -> str:
@@ -262,16 +248,8 @@ def median_norms(label: str, rounds: int = 3) -> dict[str, float]:
     """Median of each part's update norm over ``rounds`` rounds' clients, clipping nothing and adding no noise."""
     settings, _ = ALGORITHMS[label]
     unbounded = [f"{setting.split('=')[0]}=.inf" for setting in CLIPS[label]]
-    overrides = [*COMMON, f"train.rounds={rounds}", *settings, *DP, *unbounded, "privacy.noise_multiplier=0"]
-    with tempfile.TemporaryDirectory() as run_dir:
-        federation = Federation(run_dir, overrides, defaults=()).run(rounds)
-    norms: dict[str, list[float]] = {}
-    for results in federation.results:
-        for metrics in results.client_metrics.values():
-            for key, value in metrics.items():
-                if key.startswith("update_norm"):
-                    norms.setdefault(key, []).append(value)
-    return {key: statistics.median(values) for key, values in norms.items()}
+    overrides = [*COMMON, *settings, *DP, *unbounded, "privacy.noise_multiplier=0"]
+    return median_update_norms(overrides, rounds)
 
 
 def main() -> None:

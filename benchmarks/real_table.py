@@ -82,13 +82,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchmark_tables import plot_mean_band, run_result
+from benchmark_tables import paired_text, plot_mean_band, run_result
 from fedray import load_config
 from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TRIALS_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 from fedray.tracking.health import collapsed
-from fedray.tracking.paired import t_interval
 from fedray.tune import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -690,20 +689,10 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
 
 def paired_cell(rows: list[dict[str, str]], reference_rows: list[dict[str, str]], key: str) -> str:
     """An algorithm's ``key`` minus the reference's, seed by seed (the same seed gives both the same data,
-    cohorts, data order and initial weights), in points: the mean over the seeds both trained to the end
-    and its 95 % Student's t interval (:func:`fedray.tracking.paired.t_interval`), bold when it excludes 0."""
+    cohorts, data order and initial weights), over the seeds both trained to the end (:func:`paired_text`)."""
     mine = {r["seed"]: float(r[key]) for r in rows if not r.get("diverged")}
     theirs = {r["seed"]: float(r[key]) for r in reference_rows if not r.get("diverged")}
-    seeds = sorted(set(mine) & set(theirs))
-    if not seeds:
-        return "–"
-    differences = np.array([100 * (mine[seed] - theirs[seed]) for seed in seeds])
-    interval = t_interval(differences)
-    if interval is None:
-        return f"{differences[0]:+.2f} (n = 1)"
-    mean, low, high = interval
-    text = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
-    return f"**{text}**" if low > 0 or high < 0 else text
+    return paired_text(mine, theirs, decimals=2, with_n=False) or "–"
 
 
 def paired_lines(results: list[dict[str, str]]) -> list[str]:
