@@ -13,7 +13,7 @@ runtime_env).
   empty frame.
 
 (An interrupted sweep exiting 130 with the resume command is proven by
-``test_e2e_tune_schedulers.py::test_a_resumed_asha_sweep_makes_the_decisions_of_an_uninterrupted_one``.)
+``test_e2e_tune.py::test_an_interrupted_then_killed_asha_sweep_resumes_with_the_decisions_of_an_uninterrupted_one``.)
 """
 
 from __future__ import annotations
