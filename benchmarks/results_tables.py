@@ -1,15 +1,19 @@
-"""Every generated table in ``docs/results/`` regenerated from its committed raw file, training nothing.
+"""Every generated table in ``docs/results/`` and ``docs/benchmarks.md`` regenerated from its committed
+raw file, training and timing nothing.
 
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
-cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials). The prose around a part is kept. Every other table in ``docs/results/`` is in
-``NOT_GENERATED`` with the reason it is not regenerated here, and a page with a table in neither fails
-the check::
+cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials)
+or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
+tables, ``gpu_check.py``'s H200 invocations). The prose around a part is kept. Every other table of
+those pages is in ``NOT_GENERATED`` with the reason it is not regenerated here (docs/benchmarks.md's, one
+by one, in docs/benchmarks_provenance.md), and a page with a table in neither fails the check::
 
     python benchmarks/results_tables.py            # rewrite each part that differs from its raw file
     python benchmarks/results_tables.py --check    # compare only: exit 1 naming each part that differs
     python benchmarks/results_tables.py --check baselines.md   # one page (the Fashion-MNIST pages take ~10 s)
+    python benchmarks/results_tables.py --check benchmarks.md  # docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -26,13 +32,17 @@ from typing import Callable
 
 import compression_table
 import digits_table
+import gpu_check
 import modalities_table
 import privacy_utility_fmnist
 import real_table
+import tasks_table
 import threats_table
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
+#: docs/benchmarks.md, relative to the results folder: the one page outside it with generated tables.
+BENCHMARKS = "../benchmarks.md"
 #: A generated part's place in its page: (page text, new part, page path) -> the page with the new part.
 Splice = Callable[[str, str, Path], str]
 #: The first line of the part ``digits_table.table_markdown`` writes.
@@ -43,7 +53,8 @@ DELIMITER_ROW = re.compile(r"\|(?:\s*:?-+:?\s*\|)+")
 
 @dataclass(frozen=True)
 class Table:
-    """The generated part of ``page`` (a file of the results folder), rendered by ``script`` from ``raw``."""
+    """The generated part of ``page`` (relative to the results folder: one of its files, or
+    :data:`BENCHMARKS`), rendered by ``script`` from ``raw`` (relative to the results folder too)."""
 
     page: str
     raw: tuple[str, ...]
@@ -122,6 +133,18 @@ DIGITS_PAGES = {
 FMNIST_RAW = ("fmnist.csv", "fmnist_curves.csv", "fmnist_tuning.csv")
 
 
+def json_table(raw: tuple[str, ...], script: str, render: Callable[[list[dict]], str], start: str, end: str) -> Table:
+    """The part of docs/benchmarks.md between the marker lines ``start`` and ``end``, rendered by
+    ``render`` from the raw JSON files ``raw``."""
+    return Table(
+        BENCHMARKS,
+        raw,
+        script,
+        lambda results: render([json.loads((results / name).read_text()) for name in raw]),
+        between_markers(start, end),
+    )
+
+
 def marked_table(page: str, script: ModuleType, stem: str) -> Table:
     """The part of ``page`` between ``script``'s ``START`` and ``END`` markers, rendered by its
     ``markdown`` from ``stem``.csv (with its provenance in ``stem``.json)."""
@@ -153,6 +176,10 @@ TABLES = [
             ]
         )
     ),
+    json_table(
+        ("raw/tasks_cpu.json",), "tasks_table.py --table", lambda reports: tasks_table.table(*reports), tasks_table.START, tasks_table.END
+    ),
+    json_table(gpu_check.H200_RAW, "gpu_check.py --report", gpu_check.invocations_table, gpu_check.H200_START, gpu_check.H200_END),
 ]
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
@@ -166,6 +193,11 @@ NOT_GENERATED: dict[str, tuple[int, str]] = {
         "claims, FedSKC's switches, the paper-optimiser runs, the blow-up warnings, the SSL sweep: copied by hand "
         "from the CSVs (fmnist_tuning, fmnist_fedskc_sweep, fmnist_paper_optimiser, ...) and from run folders",
     ),
+    BENCHMARKS: (
+        11,
+        "timings measured before raw output was kept (the scripts' --json went to the git-ignored benchmarks/results/) "
+        "and the test suite's times, from pytest's output: each one's command in docs/benchmarks_provenance.md",
+    ),
 }
 
 
@@ -174,30 +206,37 @@ def count_tables(text: str) -> int:
     return sum(bool(DELIMITER_ROW.fullmatch(line.strip())) for line in text.splitlines())
 
 
+def page_path(results: Path, page: str) -> Path:
+    """Where ``page`` (relative to the results folder ``results``) is."""
+    return Path(os.path.normpath(results / page))
+
+
 def regenerated(table: Table, results: Path) -> str:
     """The text of ``table``'s page with its generated part rendered again from the raw files in ``results``."""
-    page = results / table.page
+    page = page_path(results, table.page)
     return table.splice(page.read_text(), table.render(results), page)
 
 
 def differing(results: Path, tables: list[Table] = TABLES) -> list[Table]:
-    """The entries of ``tables`` whose page in ``results`` is not what their raw files give."""
-    return [table for table in tables if regenerated(table, results) != (results / table.page).read_text()]
+    """The entries of ``tables`` whose page is not what their raw files in ``results`` give."""
+    return [table for table in tables if regenerated(table, results) != page_path(results, table.page).read_text()]
 
 
 def unaccounted(results: Path, tables: list[Table] = TABLES) -> list[str]:
-    """One line per page of ``results`` whose tables outside its generated parts are not the number
-    :data:`NOT_GENERATED` gives (zero for a page it does not list), and per listed page that is missing."""
-    problems = [f"{page}: listed in NOT_GENERATED but missing" for page in NOT_GENERATED if not (results / page).is_file()]
-    for page in sorted(results.glob("*.md")):
-        text = page.read_text()
+    """One line per page of ``results`` (and :data:`BENCHMARKS`) whose tables outside its generated parts
+    are not the number :data:`NOT_GENERATED` gives (zero for a page it does not list), and per listed page
+    that is missing."""
+    problems = [f"{page}: listed in NOT_GENERATED but missing" for page in NOT_GENERATED if not page_path(results, page).is_file()]
+    for page in [*sorted(path.name for path in results.glob("*.md")), BENCHMARKS]:
+        path = page_path(results, page)
+        text = path.read_text()
         for table in tables:
-            if table.page == page.name:
-                text = table.splice(text, "", page)
-        expected, _ = NOT_GENERATED.get(page.name, (0, ""))
+            if table.page == page:
+                text = table.splice(text, "", path)
+        expected, _ = NOT_GENERATED.get(page, (0, ""))
         if count_tables(text) != expected:
             problems.append(
-                f"{page.name}: {count_tables(text)} tables outside its generated part, {expected} listed in NOT_GENERATED "
+                f"{page}: {count_tables(text)} tables outside its generated part, {expected} listed in NOT_GENERATED "
                 "(register a generated table in TABLES, or list a hand-written one with its reason)"
             )
     return problems
@@ -206,15 +245,22 @@ def unaccounted(results: Path, tables: list[Table] = TABLES) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only compare: print each differing part and exit 1")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the results folder (pages and raw files)")
-    parser.add_argument("pages", nargs="*", metavar="PAGE", help="only these pages' generated parts (e.g. baselines.md; default: all)")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the results folder (pages and raw files; ../benchmarks.md beside it)"
+    )
+    parser.add_argument(
+        "pages",
+        nargs="*",
+        metavar="PAGE",
+        help="only these pages' generated parts, by file name (e.g. baselines.md, benchmarks.md; default: all)",
+    )
     args = parser.parse_args(argv)
-    unknown = set(args.pages) - {table.page for table in TABLES}
+    unknown = set(args.pages) - {Path(table.page).name for table in TABLES}
     if unknown:
         parser.error(f"no generated table in {', '.join(sorted(unknown))}")
     failed = False
-    for table in differing(args.results, [table for table in TABLES if not args.pages or table.page in args.pages]):
-        page = args.results / table.page
+    for table in differing(args.results, [table for table in TABLES if not args.pages or Path(table.page).name in args.pages]):
+        page = page_path(args.results, table.page)
         new = regenerated(table, args.results)
         if args.check:
             failed = True

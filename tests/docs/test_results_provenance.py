@@ -1,6 +1,6 @@
-"""benchmarks/results_tables.py: every generated table in docs/results/ is, byte for byte, what its
-generator renders from the committed raw file next to it, and every other table there is listed as not
-generated, with the reason. Edits are made to copies in tmp_path, never to the tracked files."""
+"""benchmarks/results_tables.py: every generated table in docs/results/ and docs/benchmarks.md is, byte
+for byte, what its generator renders from its committed raw file, and every other table there is listed
+as not generated, with the reason. Edits are made to copies in tmp_path, never to the tracked files."""
 
 from __future__ import annotations
 
@@ -20,16 +20,21 @@ FAST = [table for table in results_tables.TABLES if table.page not in SLOW_PAGES
 BASELINES = next(table for table in results_tables.TABLES if table.page == "baselines.md")
 PRIVACY = next(table for table in results_tables.TABLES if table.page == "privacy_utility_fmnist.md")
 COMPRESSION = next(table for table in results_tables.TABLES if table.page == "compression.md")
+TASKS, H200 = (table for table in results_tables.TABLES if table.page == results_tables.BENCHMARKS)
 
 
 @pytest.mark.parametrize(
     "table",
-    [pytest.param(table, id=table.page, marks=[pytest.mark.slow] * (table.page in SLOW_PAGES)) for table in results_tables.TABLES],
+    [
+        pytest.param(table, id=f"{Path(table.page).name} ({table.script})", marks=[pytest.mark.slow] * (table.page in SLOW_PAGES))
+        for table in results_tables.TABLES
+    ],
 )
 def test_each_generated_table_is_what_its_committed_raw_file_gives(table):
     assert all((RESULTS / raw).is_file() for raw in table.raw)
     assert results_tables.differing(RESULTS, [table]) == [], (
-        f"docs/results/{table.page} differs from {', '.join(table.raw)}: see python benchmarks/results_tables.py --check {table.page}"
+        f"{results_tables.page_path(RESULTS, table.page)} differs from {', '.join(table.raw)}: "
+        f"see python benchmarks/results_tables.py --check {Path(table.page).name}"
     )
 
 
@@ -40,13 +45,17 @@ def test_every_other_table_is_listed_with_the_reason_it_is_not_generated():
 
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
-    """A copy of docs/results/: every page, and the raw files of the fast tables."""
+    """A copy of docs/results/ (every page, and the raw files of the fast tables) with docs/benchmarks.md beside it."""
+    copy = tmp_path / "results"
+    copy.mkdir()
     for page in RESULTS.glob("*.md"):
-        shutil.copy(page, tmp_path)
+        shutil.copy(page, copy)
+    shutil.copy(results_tables.page_path(RESULTS, results_tables.BENCHMARKS), results_tables.page_path(copy, results_tables.BENCHMARKS))
     for table in FAST:
         for raw in table.raw:
-            shutil.copy(RESULTS / raw, tmp_path)
-    return tmp_path
+            (copy / raw).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(RESULTS / raw, copy / raw)
+    return copy
 
 
 def edit(path: Path, old: str, new: str) -> None:
@@ -82,6 +91,36 @@ def test_a_table_added_by_hand_outside_the_generated_part_fails_the_check(result
     assert results_tables.differing(results, FAST) == []
     assert results_tables.unaccounted(results) == [
         "baselines.md: 1 tables outside its generated part, 0 listed in NOT_GENERATED "
+        "(register a generated table in TABLES, or list a hand-written one with its reason)"
+    ]
+
+
+def test_a_number_edited_in_the_benchmarks_page_or_its_raw_json_fails_the_check_and_writing_restores_it(results, capsys):
+    benchmarks = results_tables.page_path(results, results_tables.BENCHMARKS)
+    edit(benchmarks, "| 0.199 | 0.150 | 1.33 |", "| 0.199 | 0.150 | 1.34 |")
+    edit(benchmarks, "| W3, cnn_cifar (50) | 86.8 / 92.7 |", "| W3, cnn_cifar (50) | 86.9 / 92.7 |")
+    assert results_tables.differing(results, FAST) == [TASKS, H200]
+    assert results_tables.main(["--check", "--results", str(results), "benchmarks.md"]) == 1
+    report = capsys.readouterr().out
+    assert f"{benchmarks}: differs from what tasks_table.py --table renders from raw/tasks_cpu.json" in report
+    assert "-| W3, cnn_cifar (50) | 86.9 / 92.7 |" in report and "+| W3, cnn_cifar (50) | 86.8 / 92.7 |" in report
+
+    assert results_tables.main(["--results", str(results), "benchmarks.md"]) == 0
+    assert benchmarks.read_text() == results_tables.page_path(RESULTS, results_tables.BENCHMARKS).read_text()
+
+    edit(results / "raw" / "tasks_cpu.json", '"ratio": 1.3316552795497254', '"ratio": 1.3416552795497254')  # shown as 1.34
+    edit(results / "raw" / "gpu_check_h200_cohorts.json", "1002.9309845649965", "1003.0309845649965")  # 1,003.0 updates/s
+    assert results_tables.differing(results, FAST) == [TASKS, H200]
+
+
+def test_a_table_added_by_hand_to_the_benchmarks_page_must_be_listed(results):
+    edit(
+        results_tables.page_path(results, results_tables.BENCHMARKS),
+        "## The test suite's time\n",
+        "## The test suite's time\n\n| a |\n|---|\n",
+    )
+    assert results_tables.unaccounted(results) == [
+        "../benchmarks.md: 12 tables outside its generated part, 11 listed in NOT_GENERATED "
         "(register a generated table in TABLES, or list a hand-written one with its reason)"
     ]
 
