@@ -64,6 +64,7 @@ COMMON = [
     "train.batch_size=16",
     "train.lr=0.05",
     "eval.every=5",
+    "resources.backend=local",  # bit-identical to Ray (docs/architecture.md), and no Ray to share the machine with
 ]
 ALGORITHMS = {
     "fedavg": ["algorithm.name=fedavg"],
