@@ -7,7 +7,9 @@ test folder is put on the import path, so such an import works from any folder."
 
 from __future__ import annotations
 
+import json
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -23,14 +25,34 @@ torch.set_num_threads(1)
 SLOW_FIXTURES = {"ray_session", "page"}
 
 
+#: Seconds each scheduling unit took in a full run (scripts/test_durations.py writes it from a JUnit XML).
+UNIT_SECONDS: dict[str, float] = json.loads((_TESTS / "durations.json").read_text())
+
+
+class LongestFirst(OrderedDict):
+    """A work queue whose next unit (``popitem(last=False)``, as xdist's scheduler takes it) is the one
+    that took longest (:data:`UNIT_SECONDS`; an unlisted unit counts 0 and keeps the collection order):
+    a long unit handed out last would keep one worker busy after the other has finished."""
+
+    def popitem(self, last: bool = True):
+        if last:
+            return super().popitem(last=True)
+        unit = max(self, key=lambda name: UNIT_SECONDS.get(name, 0.0))  # the first of the longest
+        return unit, self.pop(unit)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """With ``-n``: a test file's tests (or an ``xdist_group``'s, across files) go to one worker as one
     unit, so that a module-scoped fixture (a sweep, a run, a browser) is built once, not once on each
-    worker that runs one of its tests."""
+    worker that runs one of its tests; the longest units first (:class:`LongestFirst`)."""
     from xdist.scheduler import LoadGroupScheduling
 
     class FileOrGroupScheduling(LoadGroupScheduling):
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            self.workqueue = LongestFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             group = super()._split_scope(nodeid)
             return group if group != nodeid else nodeid.split("::", 1)[0]
