@@ -27,7 +27,7 @@ def test_fedavg_learns_fashion_mnist_subset(tmp_path: Path) -> None:
         [
             "data.name=fmnist",
             f"data.root={tmp_path / 'no-copy-here'}",
-            "data.max_train_samples=10000",
+            "data.max_train_samples=5000",
             "data.num_clients=10",
             "data.partition=iid",
             "train.clients_per_round=10",
@@ -47,6 +47,6 @@ def test_fedavg_learns_fashion_mnist_subset(tmp_path: Path) -> None:
     rows = read_metrics(tmp_path / "run", "round")
     assert [r["round"] for r in rows] == [1, 2]
     print(f"Fashion-MNIST FedAvg: {summary.final_test_accuracy:.4f} after {len(rows)} rounds")
-    # Chance is 0.1 and an untrained cnn_small is near it; 2 rounds of FedAvg reach ~0.71 (measured:
-    # 0.7116 with seed 0; 3 rounds 0.7405) on the 10,000-image official test set.
-    assert summary.final_test_accuracy > 0.65
+    # Chance is 0.1 and an untrained cnn_small is near it; 2 rounds of FedAvg on 5,000 training images
+    # reach ~0.61 (measured: 0.6085 with seed 0; 0.7116 on 10,000) on the 10,000-image official test set.
+    assert summary.final_test_accuracy > 0.5
