@@ -39,7 +39,10 @@ pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray
 
 
 @pytest.mark.slow
-def test_two_ups_started_together_run_one_service_and_the_other_says_so(tmp_path):
+def test_two_ups_started_together_run_one_service_which_sigkill_takes_down_with_its_head(tmp_path):
+    """Two ``up --detach`` at once: one service runs and the other says so. Then the ``fedray up`` of
+    that service dies by SIGKILL (the OOM killer) and takes its Ray head with it; ``down`` removes the
+    state file it could not, and nothing either ``up`` started is left."""
     service_dir = tmp_path / "service"
     try:
         ups = [
@@ -65,20 +68,6 @@ def test_two_ups_started_together_run_one_service_and_the_other_says_so(tmp_path
         heads = [pid for pid, _ in head_processes(service_dir) if command_of(pid)[2:4] == ["start", "--head"]]
         assert heads == [state.head_pid]  # one Ray head, the one the state file records
 
-        down = fedray("down", cwd=tmp_path, service_dir=service_dir)
-        assert down.returncode == 0, down.stderr
-        assert wait_until(lambda: not started_processes(service_dir), 30), started_processes(service_dir)  # nothing orphaned
-    finally:
-        if (service_dir / STATE_FILE).exists():
-            fedray("down", cwd=tmp_path, service_dir=service_dir)
-        kill_everything(service_dir)
-
-
-@pytest.mark.slow
-def test_a_fedray_up_killed_with_sigkill_takes_its_ray_head_with_it(tmp_path):
-    service_dir = tmp_path / "service"
-    try:
-        state = up_detached(service_dir, tmp_path)
         head = head_processes(service_dir)
         assert len(head) > 3
         os.kill(state.pid, signal.SIGKILL)
@@ -87,7 +76,10 @@ def test_a_fedray_up_killed_with_sigkill_takes_its_ray_head_with_it(tmp_path):
         assert down.returncode == 1
         assert down.stderr.splitlines()[0].endswith("is no longer running; removed its state file")
         assert not (service_dir / STATE_FILE).exists() and not Path(state.token_file).exists() and not Path(state.ray_temp_dir).exists()
+        assert wait_until(lambda: not started_processes(service_dir), 30), started_processes(service_dir)  # nothing orphaned
     finally:
+        if (service_dir / STATE_FILE).exists():
+            fedray("down", cwd=tmp_path, service_dir=service_dir)
         kill_everything(service_dir)
 
 
