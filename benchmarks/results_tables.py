@@ -4,7 +4,7 @@ raw file, training and timing nothing.
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
-cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials)
+cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
 tables, ``gpu_check.py``'s H200 invocations). The prose around a part is kept. Every other table of
 those pages is in ``NOT_GENERATED`` with the reason it is not regenerated here (docs/benchmarks.md's, one
@@ -36,6 +36,7 @@ import gpu_check
 import modalities_table
 import privacy_utility_fmnist
 import real_table
+import secagg_dp_table
 import tasks_table
 import threats_table
 
@@ -165,7 +166,12 @@ TABLES = [
     Table("privacy_utility_fmnist.md", ("privacy_utility_fmnist.csv",), "privacy_utility_fmnist.py", privacy_part, whole_page),
     *(
         marked_table(f"{stem}.md", script, stem)
-        for stem, script in [("compression", compression_table), ("modalities", modalities_table), ("threats_digits", threats_table)]
+        for stem, script in [
+            ("compression", compression_table),
+            ("modalities", modalities_table),
+            ("threats_digits", threats_table),
+            ("secagg_dp", secagg_dp_table),
+        ]
     ),
     *(
         Table(page, FMNIST_RAW, "real_table.py --report", fmnist_part(index), between_markers(start, end))

@@ -168,11 +168,11 @@ def paired_cell(cells: dict, label: str, setting: str, reference: str) -> str:
 def markdown(path: Path = CSV_PATH) -> str:
     """The page's generated part from the CSV at ``path``."""
     cells = read_cells(path)
-    epsilons = {float(row["dp_epsilon"]) for row in cells.values() if row.get("dp_epsilon")}
+    epsilons = sorted({round(float(row["dp_epsilon"]), 1) for row in cells.values() if row.get("dp_epsilon")})
+    epsilon = "–".join(f"{value:g}" for value in dict.fromkeys([epsilons[0], epsilons[-1]])) if epsilons else "pending"
     lines = [
         f"Final test accuracy (%) after round {ROUNDS}, mean ± std (divisor n − 1) over the seeds; under DP z = 1 and "
-        f"ε after {ROUNDS} rounds {min(epsilons, default=float('nan')):.3g}–{max(epsilons, default=float('nan')):.3g} "
-        f"(the emulated N = {POPULATION:,}, M = {NOISE_COHORT}).",
+        f"ε = {epsilon} after {ROUNDS} rounds (the emulated N = {POPULATION:,}, M = {NOISE_COHORT}).",
         "",
         "| algorithm | " + " | ".join(SETTING_LABELS.values()) + " | central − no DP | secure aggregation − central |",
         "|---|" + "---|" * (len(SETTINGS) + 2),
