@@ -163,7 +163,13 @@ TABLES = [
         Table(f"{name}.md", (f"{name}.csv",), "digits_table.py", digits_part(f"{name}.csv", metric), metric_table)
         for name, metric in DIGITS_PAGES.items()
     ),
-    Table("privacy_utility_fmnist.md", ("privacy_utility_fmnist.csv",), "privacy_utility_fmnist.py", privacy_part, whole_page),
+    Table(
+        "privacy_utility_fmnist.md",
+        ("privacy_utility_fmnist.csv", "privacy_utility_fmnist.json"),
+        "privacy_utility_fmnist.py",
+        privacy_part,
+        whole_page,
+    ),
     *(
         marked_table(f"{stem}.md", script, stem)
         for stem, script in [
