@@ -269,10 +269,16 @@ class _Data(Protocol):
 
 class _Train(Protocol):
     clients_per_round: int
+    mode: str
+
+
+class _FedBuff(Protocol):
+    buffer_size: int
 
 
 class _Systems(Protocol):
     enabled: bool
+    fedbuff: _FedBuff
 
 
 class RunConfig(Protocol):
@@ -292,8 +298,53 @@ def population_size(config: RunConfig) -> int:
 
 
 def noise_cohort_size(config: RunConfig) -> int:
-    """The cohort the noise is calibrated for: ``privacy.noise_cohort_size`` or ``train.clients_per_round``."""
-    return config.privacy.noise_cohort_size or config.train.clients_per_round
+    """The cohort the noise is calibrated for: ``privacy.noise_cohort_size`` or ``train.clients_per_round``;
+    under ``train.mode: async`` the aggregation's K = ``systems.fedbuff.buffer_size`` (:func:`aggregated_cohort`)."""
+    return config.privacy.noise_cohort_size or aggregated_cohort(config)
+
+
+def aggregated_cohort(config: RunConfig) -> int:
+    """m, the updates one aggregation is built for (DP-FedAvg's fixed denominator, the robust rules'
+    n): ``train.clients_per_round``, or K = ``systems.fedbuff.buffer_size`` under ``train.mode: async``."""
+    return config.systems.fedbuff.buffer_size if config.train.mode == "async" else config.train.clients_per_round
+
+
+def aggregated_cohort_key(config: RunConfig) -> str:
+    """The key that sets :func:`aggregated_cohort`, as refusals name it."""
+    return "systems.fedbuff.buffer_size" if config.train.mode == "async" else "train.clients_per_round"
+
+
+def async_privacy_problems(config: RunConfig) -> list[str]:
+    """The ``privacy`` keys ``train.mode: async`` refuses, one line each (docs/guide/privacy.md,
+    "Asynchronous aggregation"): each aggregation is accounted as one Gaussian mechanism at q = 1,
+    since who arrives in a buffer depends on the clock and availability, not on a uniform sample, so
+    the keys whose maths assumes a uniformly sampled cohort do not apply."""
+    privacy = config.privacy
+    if config.train.mode != "async" or not (privacy.enabled or privacy.secure_aggregation.enabled):
+        return []
+    why = "train.mode=async samples no cohort (who arrives depends on the clock and availability) and accounts each aggregation at q = 1"
+    problems = []
+    if privacy.population_size is not None:
+        problems.append(
+            f"privacy.population_size sets the sampling probability q = M/N of a uniformly sampled cohort; {why}: leave it unset"
+        )
+    if privacy.noise_cohort_size is not None:
+        problems.append(
+            f"privacy.noise_cohort_size calibrates the noise for a larger sampled cohort; {why}, with noise z·C on each buffer's sum: "
+            "leave it unset"
+        )
+    if privacy.sampling == "fixed_size":
+        problems.append(f"privacy.sampling=fixed_size accounts a cohort drawn without replacement; {why}: use privacy.sampling=poisson")
+    if privacy.clipping == "adaptive":
+        problems.append(
+            "privacy.clipping=adaptive moves C after each round from a noised count over the sampled cohort, which train.mode=async "
+            "does not simulate; use privacy.clipping=fixed"
+        )
+    if privacy.audit.enabled:
+        problems.append(
+            f"privacy.audit adds its canaries with the accountant's sampling probability of a sampled cohort; {why}: use train.mode=sync"
+        )
+    return problems
 
 
 def clipped_count_stddev(config: RunConfig) -> float:
@@ -321,7 +372,7 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
     """Every problem (one line each) of the ``privacy`` and ``robust`` sections with each other and with
     the population and cohort sizes."""
     privacy, robust, cohort = config.privacy, config.robust, config.train.clients_per_round
-    problems = []
+    problems = async_privacy_problems(config)
     if privacy.enabled:
         population = population_size(config)
         if privacy.population_size is not None and privacy.population_size < config.data.num_clients:
@@ -338,7 +389,7 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
                 f"privacy.delta ({privacy.delta:g}) is >= 1/population (1/{population}): such a δ allows releasing a client's "
                 "data outright; lower it or set privacy.allow_large_delta=true"
             )
-        if privacy.clipping == "adaptive" and privacy.noise_multiplier is not None:
+        if privacy.clipping == "adaptive" and privacy.noise_multiplier is not None and config.train.mode != "async":  # async: refused above
             problem = adaptive_noise_problem(privacy.noise_multiplier, clipped_count_stddev(config))
             if problem is not None:
                 problems.append(problem)
@@ -348,26 +399,24 @@ def privacy_and_robust_problems(config: RunConfig) -> list[str]:
                 "use privacy.mechanism=local with a robust rule"
             )
     problems += robust_attack_problems(config) + secure_aggregation_problems(config)
-    if robust.rule in ("krum", "multi_krum") and cohort < 2 * robust.krum_f + 3:
+    # a rule sees one aggregation's updates: the round's cohort, or under train.mode=async the buffer's K
+    n, key = aggregated_cohort(config), aggregated_cohort_key(config)
+    if robust.rule in ("krum", "multi_krum") and n < 2 * robust.krum_f + 3:
         problems.append(
-            f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 2f + 3 "
-            f"= {2 * robust.krum_f + 3} (got {cohort})"
+            f"robust.rule={robust.rule} with robust.krum_f={robust.krum_f} needs {key} >= 2f + 3 = {2 * robust.krum_f + 3} (got {n})"
         )
-    if robust.rule == "bulyan" and cohort < 4 * robust.krum_f + 3:
+    if robust.rule == "bulyan" and n < 4 * robust.krum_f + 3:
         problems.append(
-            f"robust.rule=bulyan with robust.krum_f={robust.krum_f} needs train.clients_per_round >= 4f + 3 "
-            f"= {4 * robust.krum_f + 3} (got {cohort}; El Mhamdi et al. 2018)"
+            f"robust.rule=bulyan with robust.krum_f={robust.krum_f} needs {key} >= 4f + 3 = {4 * robust.krum_f + 3} (got {n}; El Mhamdi et al. 2018)"
         )
-    if robust.rule == "trimmed_mean" and robust.trim_fraction > 0 and math.floor(robust.trim_fraction * cohort) == 0:
+    if robust.rule == "trimmed_mean" and robust.trim_fraction > 0 and math.floor(robust.trim_fraction * n) == 0:
         problems.append(
-            f"robust.rule=trimmed_mean cuts ⌊β·m⌋ = ⌊{robust.trim_fraction:g}·{cohort}⌋ = 0 updates at each end (robust.trim_fraction, "
-            "train.clients_per_round), so it would be the plain mean of the updates; raise robust.trim_fraction to at least "
-            f"1/m = {1 / cohort:.3g} (below 0.5) or train.clients_per_round"
+            f"robust.rule=trimmed_mean cuts ⌊β·m⌋ = ⌊{robust.trim_fraction:g}·{n}⌋ = 0 updates at each end (robust.trim_fraction, "
+            f"{key}), so it would be the plain mean of the updates; raise robust.trim_fraction to at least "
+            f"1/m = {1 / n:.3g} (below 0.5) or {key}"
         )
-    if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > cohort - robust.krum_f:
-        problems.append(
-            f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= train.clients_per_round − robust.krum_f ({cohort - robust.krum_f})"
-        )
+    if robust.rule == "multi_krum" and robust.multi_krum_m is not None and robust.multi_krum_m > n - robust.krum_f:
+        problems.append(f"robust.multi_krum_m ({robust.multi_krum_m}) must be <= {key} − robust.krum_f ({n - robust.krum_f})")
     return problems
 
 
@@ -413,7 +462,11 @@ def secure_aggregation_problems(config: RunConfig) -> list[str]:
     if secagg.degree is not None and secagg.protocol != "secagg_plus":
         problems.append("privacy.secure_aggregation.degree is SecAgg+'s k; set privacy.secure_aggregation.protocol=secagg_plus")
     if config.train.mode == "async":
-        problems.append("privacy.secure_aggregation masks a synchronous cohort's sum; train.mode=async has no cohort (use sync)")
+        problems.append(
+            "privacy.secure_aggregation masks a synchronous cohort's sum; train.mode=async's buffer fills with updates from clients "
+            "of different model versions, which would need the buffer kept in a trusted execution environment (Nguyen et al., "
+            "AISTATS 2022), not simulated here: use train.mode=sync"
+        )
     return problems
 
 

@@ -657,7 +657,8 @@ _KEYS_SAVED_WHEN_SET = {
 def async_mode_problems(config: RunConfig) -> list[str]:
     """``train.mode`` against the sections it needs and excludes, one line each: checked by ``RunConfig``'s
     validator. Whether the algorithm's aggregation allows it is checked with the algorithm
-    (:func:`fedray.systems.fedbuff.check_fedbuff`)."""
+    (:func:`fedray.systems.fedbuff.check_fedbuff`); the ``privacy`` keys it refuses, by
+    :func:`fedray.config.privacy.async_privacy_problems`."""
     systems, fedbuff = config.systems, config.systems.fedbuff
     if config.train.mode == "sync":
         return (
@@ -682,10 +683,5 @@ def async_mode_problems(config: RunConfig) -> list[str]:
         problems.append(
             "systems.selection.over_selection and deadline_seconds close synchronous rounds, which train.mode=async has none of "
             "(systems.fedbuff.concurrency bounds the clients training at once); leave them at their defaults"
-        )
-    if config.privacy.enabled or config.robust.enabled:
-        problems.append(
-            "train.mode=async aggregates updates trained from different model versions, which privacy.* and robust.* "
-            "do not handle; use train.mode=sync with them"
         )
     return problems

@@ -9,7 +9,10 @@ broadcast with the round number that version was broadcast for (t for version t 
 learning-rate decay and client-state versions of the synchronous round the client would have been
 in). :func:`~fedray.systems.fedbuff.buffered_results` weights the groups by staleness and the
 algorithm's own ``aggregate`` applies them, so its server learning rate and optimizer act on the
-buffered update.
+buffered update. With ``privacy`` or ``robust`` on, the engine's server upload path takes the
+per-version groups instead (:meth:`fedray.runtime.upload_path.ServerUploadPath.apply_buffer`: central
+noise once on the buffer's sum over the fixed denominator K, local DP's noised deltas, a robust rule
+over the buffer's staleness-weighted deltas) and accounts each aggregation as one release.
 
 The state a resumed run needs besides the engine's is the clients in training (who, from which
 version, until when) and the broadcasts of the versions they started from (:meth:`state_dict`).
@@ -34,6 +37,7 @@ from fedray.systems.fedbuff import Buffer, BufferSchedule, buffered_results, sta
 if TYPE_CHECKING:
     from fedray.algorithms import Algorithm
     from fedray.runtime.pool import WorkerPool
+    from fedray.runtime.upload_path import ServerUploadPath
     from fedray.runtime.worker import ClientTask
     from fedray.systems import SystemsModel
 
@@ -51,6 +55,8 @@ class RoundEngineView(Protocol):
     client_costs: np.ndarray
     state_versions: np.ndarray
     plain_broadcast: dict[str, Any]
+    upload_path: ServerUploadPath | None
+    upload_row: dict[str, float]
 
     def broadcast(self, round: int) -> Any: ...
 
@@ -83,6 +89,8 @@ class BufferedAggregation:
         self.shared[version] = engine.broadcast(round)  # version round - 1, for the clients that start now
         self.broadcasts[version] = engine.plain_broadcast
         broadcast_bytes = payload_bytes(engine.plain_broadcast)
+        if engine.upload_path is not None:  # privacy.target_epsilon: stop before a release past it
+            engine.upload_path.check_budget(round)
         buffer = self.schedule.next_buffer(round, broadcast_bytes)
         staleness = version - buffer.versions
         results = self.train(buffer, staleness_weights(staleness, self.staleness_exponent), version)
@@ -128,7 +136,11 @@ class BufferedAggregation:
         groups = [
             (merge_partials(partials_by_version[v]), weight_of[v], self.broadcasts[v]["weights"]) for v in sorted(partials_by_version)
         ]
-        return buffered_results(groups, self.broadcasts[version]["weights"], engine.config.systems.fedbuff.mixing)
+        current = self.broadcasts[version]["weights"]
+        if engine.upload_path is None:
+            return buffered_results(groups, current, engine.config.systems.fedbuff.mixing)
+        results, engine.upload_row = engine.upload_path.apply_buffer(version + 1, groups, current)
+        return results
 
     def _shared(self, version: int) -> Any:
         """The pool's handle on ``version``'s broadcast (shared again after a resume)."""

@@ -99,11 +99,14 @@ def test_async_with_privacy_and_a_robust_rule_is_one_message_naming_each_problem
         [
             "train.mode=async",
             "systems.enabled=true",
+            "systems.selection.deadline_seconds=10",
             "privacy.mechanism=central",
             "privacy.noise_multiplier=1.0",
+            "privacy.population_size=1000",
             "robust.rule=median",
         ],
         tmp_path,
     )
-    assert any("train.mode=async aggregates updates trained from different model versions" in line for line in lines), lines
+    assert any("close synchronous rounds, which train.mode=async has none of" in line for line in lines), lines
+    assert any("privacy.population_size sets the sampling probability q = M/N" in line for line in lines), lines
     assert any("robust.rule=median needs each client's update" in line for line in lines), lines
