@@ -16,6 +16,12 @@ cohort, q = M / N (M = ``privacy.noise_cohort_size`` or ``train.clients_per_roun
 - ``fixed_size``: ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``: the draw fedray
   makes, whose neighbours replace one client, so the clipped sum moves by up to 2C.
 
+Under ``train.mode: async`` (FedBuff) one aggregation of K = ``systems.fedbuff.buffer_size`` buffered
+updates is one event at q = K/K = 1 (``poisson``: ``GaussianDpEvent(z)`` composed over the aggregations,
+add/remove of one client's update from a buffer, sensitivity C), without amplification by sampling:
+who arrives in a buffer depends on the simulated clock and availability, not on a uniform sample
+(:meth:`fedray.runtime.upload_path.ServerUploadPath.apply_buffer`).
+
 Adaptive clipping (``privacy.clipping: adaptive``) releases a noised count of unclipped updates
 besides the sum; with the update's multiplier z_Δ of :func:`fedray.privacy.mechanisms.update_noise_multiplier`
 the two together are one Gaussian mechanism of multiplier z (Andrew et al., NeurIPS 2021, Thm. 1),

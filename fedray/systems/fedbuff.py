@@ -36,6 +36,12 @@ the buffer, its client counts in the round's ``late`` and may start again from t
 lag tolerance of SAFA, Wu et al., "SAFA: a Semi-Asynchronous Protocol for Fast Federated Learning with
 Low Overhead", IEEE Trans. Computers 2021). The discarded update is not computed: its client's state
 (e.g. MOON's previous local model) stays what it was, as if it had not trained.
+
+With ``privacy`` or ``robust`` on, the buffer's groups go to the server's upload path instead of
+:func:`buffered_results` (:meth:`fedray.runtime.upload_path.ServerUploadPath.apply_buffer`): central
+noise once on the sum of the staleness-weighted clipped deltas over the fixed denominator K, local DP's
+noised deltas, or a robust rule over the buffer's staleness-weighted deltas. That a client contributes
+to a buffer at most once (above) is what bounds one client's change of the buffer's sum by C.
 """
 
 from __future__ import annotations

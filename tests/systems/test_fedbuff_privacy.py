@@ -20,7 +20,7 @@ from fedray.plugins import load_config
 from fedray.privacy.accountant import epsilon_of, local_epsilon
 from fedray.privacy.mechanisms import central_noise
 from fedray.runtime import list_checkpoints, load_checkpoint
-from fedray.runtime.upload_path import ROBUST_UPDATE, ServerUploadPath
+from fedray.runtime.upload_path import ROBUST_UPDATE, PrivacyBudgetExhausted, ServerUploadPath
 from fedray.testing import SMALL, Federation
 from preloaded_cli import run_fedray_preloaded
 from test_bad_inputs import assert_rejected
@@ -130,6 +130,14 @@ def test_a_target_epsilon_is_calibrated_at_q_1(tmp_path):
         load_config(None, [*SMALL, "data.num_clients=10", "privacy.mechanism=central", "privacy.target_epsilon=8", "train.rounds=4"])
     )
     assert z > sync.noise_multiplier  # the synchronous run's sampling amplifies; the buffer's does not
+
+
+def test_a_target_epsilon_stops_the_run_before_a_buffer_past_it(tmp_path):
+    federation = Federation(tmp_path, [*STALE, "privacy.mechanism=central", "privacy.target_epsilon=8", "train.rounds=2"])
+    rows = [result["round"] for result in run_async(federation, 2)]
+    assert rows[-1]["dp_epsilon"] == pytest.approx(8, rel=1e-3)
+    with pytest.raises(PrivacyBudgetExhausted, match="round 3 would spend"):
+        federation.engine.run_round(3)
 
 
 def test_local_dp_accounts_each_client_by_its_own_releases_once_per_buffer(tmp_path):
