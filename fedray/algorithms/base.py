@@ -159,6 +159,9 @@ class Algorithm:
     # What client_update uploads (model weights, prototypes, ...), for privacy and robust aggregation;
     # empty: undeclared, refused when they are on. See fedray.algorithms.uploads.
     uploads: ClassVar[frozenset[Upload]] = frozenset()
+    # False: clients never upload anything (Local), so that privacy, robust rules, compression and
+    # async, which act on uploads, are refused for that reason rather than for undeclared uploads.
+    communicates: ClassVar[bool] = True
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:

@@ -55,3 +55,7 @@ class Upload:
     #: payload keys holding the client's own flat model weights (comparable with ``broadcast["weights"]``,
     #: as FedSKC's per-client weights): ``systems.compression`` encodes each as its update against them
     model_weights: tuple[str, ...] = ()
+    #: the other float tensors ``systems.compression`` encodes, each as one vector (prototype sums,
+    #: logit knowledge, control-variate deltas, representations); keys left out (counts, presence
+    #: masks: a few numbers a class, as the weights' ``num_samples``) travel as they are
+    compressed: tuple[str, ...] = ()

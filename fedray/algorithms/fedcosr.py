@@ -154,6 +154,7 @@ class FedCoSR(PersonalizedAlgorithm):
                 "class representations",
                 sums=("centroid_sums", "centroid_counts"),
                 clipped=(("centroid_sums", "clip_prototypes"), ("centroid_counts", "clip_counts")),
+                compressed=("centroid_sums",),
             ),
         }
     )

@@ -77,7 +77,10 @@ class FedProc(FedAvg):
     requires = FedAvg.requires | {CLASS_LABELS}
     uploads = FedAvg.uploads | {
         Upload(
-            "prototypes", sums=("proto_sum", "proto_weight"), clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts"))
+            "prototypes",
+            sums=("proto_sum", "proto_weight"),
+            clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts")),
+            compressed=("proto_sum",),
         )
     }
     Params = FedProcParams

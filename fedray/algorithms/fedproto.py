@@ -90,6 +90,7 @@ class FedProto(Algorithm):
                 "prototypes",
                 sums=("class_sums", "class_counts"),
                 clipped=(("class_sums", "clip_prototypes"), ("class_counts", "clip_counts")),
+                compressed=("class_sums",),
             ),
         }
     )

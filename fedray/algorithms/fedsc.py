@@ -223,6 +223,7 @@ class FedSC(Algorithm):
                 payload=("prototypes", "class_present", "num_samples", "discrepancy"),
                 clipped=(("prototypes", "clip_prototypes"),),
                 constant=("class_present", "num_samples", "discrepancy"),  # every class, uniform e_k (Eq. 11)
+                compressed=("prototypes",),
             ),
         }
     )

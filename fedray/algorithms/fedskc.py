@@ -184,6 +184,7 @@ LOGIT_KNOWLEDGE = Upload(
     payload=("knowledge", "class_present", "num_samples"),
     clipped=(("knowledge", "clip_logits"),),
     constant=("class_present", "num_samples"),  # every class, uniform b_k (Eq. 4)
+    compressed=("knowledge",),
 )
 #: ``gda_mode`` paper/normalized: each client's flat weights, which GDA weighs one by one (compression
 #: encodes them as their update against the broadcast weights, as it does the weights' sums)

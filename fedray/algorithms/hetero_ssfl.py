@@ -135,7 +135,7 @@ def assign_architectures(num_clients: int, num_architectures: int, rule: str, se
 
 class HeteroSSFL(SiameseAlgorithm):
     name = "hetero_ssfl"
-    uploads = frozenset({Upload("kernel matrices", payload=("representations", "num_samples"))})
+    uploads = frozenset({Upload("kernel matrices", payload=("representations", "num_samples"), compressed=("representations",))})
     keeps_client_state = True
     Params = HeteroSSFLParams
     params: HeteroSSFLParams

@@ -16,6 +16,8 @@ from fedray.algorithms.personalized import PersonalizedAlgorithm
 class LocalOnly(PersonalizedAlgorithm):
     name = "local"
     Params = AlgorithmParams
+    uploads = frozenset()
+    communicates = False
 
     def personal_prefixes(self) -> tuple[str, ...]:
         return ("",)  # every key: the whole model is personal

@@ -48,6 +48,7 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.local import local_train
 from fedray.algorithms.requirements import PERSONAL_TEST_SPLITS
+from fedray.algorithms.uploads import MODEL_WEIGHTS
 from fedray.config import RunConfig
 from fedray.data import DatasetInfo
 from fedray.models import FedModel, get_flat_weights, set_flat_weights, state_keys
@@ -159,6 +160,9 @@ class PersonalizedAlgorithm(Algorithm):
     Params = PersonalizedParams
     keeps_client_state = True
     requires = frozenset({PERSONAL_TEST_SPLITS})
+    #: n_k·φ_k and n_k, φ_k comparable with the broadcast φ (``broadcast["weights"]``): the weights'
+    #: sums of a weighted-mean algorithm, so privacy, robust rules, compression and async apply to φ
+    uploads = frozenset({MODEL_WEIGHTS})
 
     def __init__(self, config: RunConfig, info: DatasetInfo) -> None:
         super().__init__(config, info)

@@ -92,7 +92,12 @@ def local_steps(num_samples: int, train: TrainConfig) -> int:
 class Scaffold(ServerOptimizedAlgorithm):
     name = "scaffold"
     uploads = ServerOptimizedAlgorithm.uploads | {
-        Upload("control variates", sums=("delta_control",), clipped=(("delta_control", "clip_controls"),))
+        Upload(
+            "control variates",
+            sums=("delta_control",),
+            clipped=(("delta_control", "clip_controls"),),
+            compressed=("delta_control",),
+        )
     }
     keeps_client_state = True
     Params = ScaffoldParams

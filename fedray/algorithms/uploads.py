@@ -59,6 +59,15 @@ class PrivatePart:
 MODEL_WEIGHTS = Upload("model weights", sums=("weights", "num_samples"))
 
 
+def no_uploads(algorithm: type[Algorithm]) -> str:
+    """Why ``algorithm``, which declares no upload, gives the upload checks nothing to act on, as the
+    start of a sentence: it never communicates, or it has not declared what it uploads."""
+    name = algorithm.name or algorithm.__name__
+    if not algorithm.communicates:
+        return f"{name} uploads nothing (its clients never communicate)"
+    return f"{name} does not declare what it uploads (Algorithm.uploads)"
+
+
 def undeclared_keys(algorithm: type[Algorithm], update: ClientUpdate) -> list[str]:
     """The ``sums`` and ``payload`` keys of ``update`` that no upload of ``algorithm`` names."""
     sums = {key for upload in algorithm.uploads for key in upload.sums}
@@ -114,9 +123,7 @@ def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
     cls = type(algorithm)
     name = cls.name or cls.__name__
     if not cls.uploads:
-        message = (
-            f"{name} does not declare what it uploads (Algorithm.uploads), so privacy, robust rules and secure aggregation cannot handle it"
-        )
+        message = f"{no_uploads(cls)}, so privacy, robust rules and secure aggregation cannot handle it"
         return [(" / ".join(keys), f"{message}; use a weighted-mean algorithm such as fedavg or fedprox")]
     problems: list[tuple[str | None, str]] = []
     per_client = sorted((upload for upload in algorithm.run_uploads() if upload.payload), key=lambda upload: upload.kind)

@@ -17,8 +17,7 @@ run`` decides about that config before Ray starts is the cell:
   is added (:attr:`Feature.completions`) and the config checked again: the cell says that it needs
   the key, or is refused for the problems that remain;
 - **supported with a deviation** (~): accepted, and the code declares that the feature changes what
-  the algorithm does or leaves part of it out (:attr:`Feature.deviation`: uploads sent uncompressed,
-  :func:`fedray.systems.compression.compression_deviation`; keys sent as constants under privacy,
+  the algorithm does or leaves part of it out (:attr:`Feature.deviation`: keys sent as constants under privacy,
   :func:`fedray.algorithms.uploads.privacy_deviation`; a setting with no effect);
 - **supported** (✓): accepted as it is.
 
@@ -59,7 +58,7 @@ from fedray.config.schema import CompressionConfig
 from fedray.data import FederatedDataset, build_federated_dataset
 from fedray.plugins import load_config
 from fedray.runtime.experiment import prepare_data
-from fedray.systems.compression import compression_deviation, keeps_client_state
+from fedray.systems.compression import keeps_client_state
 from fedray.tasks import TASKS
 
 Status = Literal["supported", "deviates", "refused"]
@@ -91,11 +90,6 @@ MEETS: dict[Requirement, tuple[str, ...]] = {
 STATE_URI = "s3://fedray-state/support-matrix"
 
 Deviation = Callable[[RunConfig, "Algorithm", "FederatedDataset"], "str | None"]
-
-
-def _compression_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
-
-    return compression_deviation(algorithm)
 
 
 def _privacy_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
@@ -141,6 +135,7 @@ class Feature:
 
 
 _SYSTEMS = "systems.enabled=true"
+_ASYNC = (_SYSTEMS, "train.mode=async", "systems.fedbuff.buffer_size=2")
 _DP_COMPLETIONS = ("privacy.clip_prototypes=1.0", "privacy.clip_logits=1.0", "privacy.clip_counts=1.0", "privacy.clip_controls=1.0")
 _ROBUST_COHORT = "train.clients_per_round=7"  # Bulyan's 4f + 3 with f = 1 (Krum's 2f + 3): the same cohort for every rule
 
@@ -168,9 +163,7 @@ def _columns() -> tuple[Feature, ...]:
 
     tasks = [Feature(task, _HEADERS.get(task, task), f"data.task: {task}", task=task) for task in TASKS]
     compression = [
-        Feature(
-            method, method, f"compression: {_METHOD_TITLES.get(method, method)}", _compression(method), deviation=_compression_deviation
-        )
+        Feature(method, method, f"compression: {_METHOD_TITLES.get(method, method)}", _compression(method))
         for method in _choices(CompressionConfig, "method")
     ]
     compression.append(
@@ -179,7 +172,6 @@ def _columns() -> tuple[Feature, ...]:
             "topk+ef",
             "compression: top-k with error feedback",
             _compression("topk", "systems.compression.error_feedback=true"),
-            deviation=_compression_deviation,
         )
     )
     rules = [
@@ -199,7 +191,32 @@ def _columns() -> tuple[Feature, ...]:
     return (
         *tasks,
         Feature("systems", "sys", "systems model (device speeds, simulated clock, bytes)", (_SYSTEMS,)),
-        Feature("async", "async", "train.mode: async (FedBuff)", (_SYSTEMS, "train.mode=async", "systems.fedbuff.buffer_size=2")),
+        Feature("async", "async", "train.mode: async (FedBuff)", _ASYNC),
+        Feature(
+            "async_central_dp",
+            "async+cdp",
+            "train.mode: async with central DP (noise on each buffer's sum, accounted at q = 1)",
+            (*_ASYNC, "privacy.mechanism=central", "privacy.noise_multiplier=1.0"),
+            completions=_DP_COMPLETIONS,
+            deviation=_privacy_deviation,
+        ),
+        Feature(
+            "async_local_dp",
+            "async+ldp",
+            "train.mode: async with local DP",
+            (*_ASYNC, "privacy.mechanism=local", "privacy.noise_multiplier=1.0"),
+            completions=_DP_COMPLETIONS,
+            deviation=_privacy_deviation,
+        ),
+        Feature(
+            "async_median", "async+med", "train.mode: async with robust.rule: median over each buffer", (*_ASYNC, "robust.rule=median")
+        ),
+        Feature(
+            "async_attackers",
+            "async+atk",
+            "train.mode: async with attackers (robust.malicious_fraction, sign_flip)",
+            (*_ASYNC, "robust.malicious_fraction=0.3"),
+        ),
         *compression,
         Feature(
             "central_dp",

@@ -8,7 +8,9 @@ Its main subject is :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS`. A client's
 own ``sums["weights"] / sums["num_samples"]`` (and any server optimizer after it) yields:
 
 - central DP: w + (Σ_k clip(Δ_k) + N(0, σ²)) / m, σ = z·C·m/M, m = ``train.clients_per_round`` (the
-  fixed denominator of DP-FedAvg, uniform client weights; :mod:`fedray.privacy.mechanisms`);
+  fixed denominator of DP-FedAvg, uniform client weights; :mod:`fedray.privacy.mechanisms`), or under
+  ``train.mode: async`` m = M = K = ``systems.fedbuff.buffer_size``, over the buffer's staleness-weighted
+  deltas (:meth:`ServerUploadPath.apply_buffer`);
 - adaptive clipping (``privacy.clipping: adaptive``, central DP): C is the round's bound, which the
   server broadcasts (:data:`ADAPTIVE_CLIP`) and moves after the round towards a quantile of the
   update norms, and the sum's noise multiplier is z_Δ (:mod:`fedray.privacy.mechanisms`);
@@ -65,7 +67,14 @@ from fedray.aggregation.robust import robust_aggregate
 from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
 from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, undeclared_keys
 from fedray.config import ConfigError, RunConfig
-from fedray.config.privacy import adaptive_noise_problem, clipped_count_stddev, default_delta, noise_cohort_size, population_size
+from fedray.config.privacy import (
+    adaptive_noise_problem,
+    aggregated_cohort,
+    clipped_count_stddev,
+    default_delta,
+    noise_cohort_size,
+    population_size,
+)
 from fedray.privacy.secure_aggregation import realised_noise_multiplier, survivor_threshold
 from fedray.privacy.clipping import clip_jointly, clip_to_norm, next_adaptive_clip
 from fedray.privacy.mechanisms import (
@@ -79,7 +88,16 @@ from fedray.privacy.mechanisms import (
 from fedray.runtime.errors import RunError
 from fedray.seeding import derive_seed
 from fedray.systems.clock import UPLOAD_BYTES_METRIC, payload_bytes, sums_bytes
-from fedray.systems.compression import UploadCompression, compressed_uploads, compression_enabled, join_client_state
+from fedray.systems.fedbuff import buffered_results
+from fedray.systems.compression import (
+    WEIGHTS,
+    Residuals,
+    UploadCompression,
+    compressed_parts,
+    compressed_uploads,
+    compression_enabled,
+    join_client_state,
+)
 
 if TYPE_CHECKING:  # dp-accounting is the optional extra `privacy`: imported only when privacy is on
     from fedray.privacy.accountant import CentralAccountant
@@ -128,6 +146,8 @@ class ClientUploadPath:
         self.warned_uncompressed = False
         #: payload keys holding a client's own model weights, compressed as their update (FedSKC outside gda_mode=fedavg)
         self.payload_weights = [key for upload in compressed_uploads(algorithm) for key in upload.model_weights]
+        #: the other tensors compression encodes, as (key, "sums" or "payload"), numbered from 1 in this order
+        self.compressed_parts = compressed_parts(algorithm) if self.compression is not None else []
         uploads = algorithm.run_uploads() if config.privacy.enabled else frozenset()
         self.private_uploads = sorted((upload for upload in uploads if upload.clipped or upload.constant), key=lambda upload: upload.kind)
         self.parts = private_parts(algorithm) if config.privacy.enabled else []
@@ -152,16 +172,42 @@ class ClientUploadPath:
         return self.compression is not None and self.compression.error_feedback
 
     def apply(
-        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residual: torch.Tensor | None = None
+        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residuals: Residuals | None = None
     ) -> ClientUpdate:
-        """``update`` as it leaves the client (a new object; ``update`` is not changed). ``residual``:
-        the client's error-feedback residual (:mod:`fedray.systems.compression`), whose successor the
-        returned update's ``state`` holds next to the algorithm's own."""
+        """``update`` as it leaves the client (a new object; ``update`` is not changed). ``residuals``:
+        the client's error-feedback residuals (:mod:`fedray.systems.compression`), whose successors
+        the returned update's ``state`` holds next to the algorithm's own."""
         undeclared = undeclared_keys(self.algorithm_class, update)
         if undeclared:
             raise TypeError(f"algorithm {self.algorithm_class.name} uploads {', '.join(undeclared)}, which its `uploads` do not declare")
-        if "weights" not in update.sums and not upload_path_enabled(self.config):  # FedSKC outside gda_mode=fedavg
-            return self.compress_payload_weights(round, client_id, update, broadcast, residual)
+        residuals = dict(residuals or {})
+        wire: dict[str, int] = {}  # the bytes each compressed key of the update takes on the wire
+        if "weights" in update.sums:
+            sums, payload, metrics = self.weights_update(round, client_id, update, broadcast, residuals, wire)
+        else:  # the model weights travel in the payload (FedSKC outside gda_mode=fedavg), or not at all
+            sums, metrics = dict(update.sums), dict(update.metrics)
+            payload = self.compress_payload_weights(round, client_id, update.payload, broadcast, residuals, wire)
+        if self.config.privacy.enabled:
+            self.privatise_parts(round, client_id, sums, payload, metrics)
+        if self.compression is not None:
+            self.compress_parts(round, client_id, sums, payload, residuals, wire)
+            if wire:
+                unchanged = sums_bytes({key: value for key, value in update.sums.items() if key not in wire})
+                unchanged += payload_bytes({key: value for key, value in update.payload.items() if key not in wire})
+                metrics[UPLOAD_BYTES_METRIC] = float(unchanged + sum(wire.values()))
+            elif not self.warned_uncompressed:
+                logger.warning(
+                    "%s uploaded nothing it declares compressible: systems.compression left it as it is", self.algorithm_class.name
+                )
+                self.warned_uncompressed = True
+        return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residuals))
+
+    def weights_update(
+        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residuals: Residuals, wire: dict[str, int]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+        """The update's ``sums``, ``payload`` and ``metrics`` with its model weights as they leave the
+        client (attacked, clipped, noised, compressed: the module docstring), in the form the server
+        needs them (a sum, or a robust rule's per-client delta); ``residuals`` and ``wire`` updated in place."""
         privacy, robust, seed = self.config.privacy, self.config.robust, self.config.seed
         num_samples = update.sums["num_samples"]
         reference = broadcast["weights"].to(num_samples.device, torch.float64)
@@ -183,10 +229,10 @@ class ClientUploadPath:
             elif self.distributed and privacy.noise_multiplier:
                 delta = delta + local_noise(seed, round, client_id, delta, self.noise_share_std(clip))
         if self.compression is not None:
-            compressed = self.compression.compress(round, client_id, delta, residual)
-            others = {key: value for key, value in update.sums.items() if key != "weights"}
-            metrics[UPLOAD_BYTES_METRIC] = float(sums_bytes(others) + payload_bytes(update.payload) + compressed.wire_bytes)
-            delta, residual = compressed.received.to(torch.float64), compressed.residual
+            compressed = self.compression.compress(round, client_id, delta, residuals.get(WEIGHTS))
+            wire["weights"] = compressed.wire_bytes
+            delta = compressed.received.to(torch.float64)
+            self._keep(residuals, WEIGHTS, compressed.residual)
             if privacy.mechanism == "central":
                 delta, _ = clip_to_norm(delta, clip)
         sums, payload = dict(update.sums), dict(update.payload)
@@ -199,36 +245,59 @@ class ClientUploadPath:
             sums["weights"], sums["num_samples"] = delta, torch.ones_like(num_samples, dtype=torch.float64)
         elif is_malicious or self.compression is not None:  # the plain weighted mean: the client's weight is kept
             sums["weights"] = (reference + delta) * num_samples
-        if privacy.enabled:
-            self.privatise_parts(round, client_id, sums, payload, metrics)
-        return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residual))
+        return sums, payload, metrics
 
     def compress_payload_weights(
-        self, round: int, client_id: int, update: ClientUpdate, broadcast: dict[str, Any], residual: torch.Tensor | None
-    ) -> ClientUpdate:
-        """Compression of an update whose model weights travel in its payload (:attr:`payload_weights`,
-        only compression on): each client's w_k is sent as Δ_k = w_k − w against the broadcast weights w
-        (the keys one after the other, one vector with one residual), and replaced by w + decode(C(Δ_k)),
-        what the server receives."""
-        keys = [key for key in self.payload_weights if key in update.payload]
-        if self.compression is None or not keys:  # nothing declared to compress: sent as it is, and said once
-            if self.compression is not None and not self.warned_uncompressed:
-                logger.warning(
-                    "%s uploads no model weights in this update: systems.compression leaves it as it is", self.algorithm_class.name
-                )
-                self.warned_uncompressed = True
-            return ClientUpdate(update.sums, update.payload, update.metrics, join_client_state(update.state, residual))
-        payload, metrics = dict(update.payload), dict(update.metrics)
+        self, round: int, client_id: int, payload: dict[str, Any], broadcast: dict[str, Any], residuals: Residuals, wire: dict[str, int]
+    ) -> dict[str, Any]:
+        """``payload`` with the model weights it carries (:attr:`payload_weights`, only compression on)
+        as the server receives them: each client's w_k sent as Δ_k = w_k − w against the broadcast
+        weights w (the keys one after the other, one vector with one residual), and replaced by
+        w + decode(C(Δ_k)); ``residuals`` and ``wire`` updated in place."""
+        keys = [key for key in self.payload_weights if key in payload]
+        if self.compression is None or not keys:
+            return dict(payload)
+        payload = dict(payload)
         reference = broadcast["weights"].to(torch.float64)
         sent = [payload[key] for key in keys]
         delta = torch.cat([weights.to(reference.device, torch.float64) - reference for weights in sent])
-        compressed = self.compression.compress(round, client_id, delta, residual)
-        rest = {key: value for key, value in payload.items() if key not in keys}
-        metrics[UPLOAD_BYTES_METRIC] = float(sums_bytes(update.sums) + payload_bytes(rest) + compressed.wire_bytes)
+        compressed = self.compression.compress(round, client_id, delta, residuals.get(WEIGHTS))
+        wire.update({key: compressed.wire_bytes if index == 0 else 0 for index, key in enumerate(keys)})
+        self._keep(residuals, WEIGHTS, compressed.residual)
         received = compressed.received.to(reference.device, torch.float64).split(reference.numel())
         for key, weights, part in zip(keys, sent, received):
             payload[key] = (reference + part).to(weights.dtype).to(weights.device)
-        return ClientUpdate(update.sums, payload, metrics, join_client_state(update.state, compressed.residual))
+        return payload
+
+    def compress_parts(
+        self, round: int, client_id: int, sums: dict[str, Any], payload: dict[str, Any], residuals: Residuals, wire: dict[str, int]
+    ) -> None:
+        """The update's other compressed tensors (:func:`~fedray.systems.compression.compressed_parts`:
+        prototype sums, logit knowledge, control-variate deltas...), in place: each flattened,
+        encoded in float32 as it is, and replaced by what the server decodes, in its own shape and
+        dtype. After privacy's clipping and local noise, as the weights; under central DP a clipped
+        tensor is clipped to its bound once more, as the decoded weights are."""
+        assert self.compression is not None
+        central_bounds = {part.key: getattr(self.config.privacy, part.bound) for part in self.parts}
+        central_bounds = central_bounds if self.config.privacy.mechanism == "central" else {}
+        for index, (key, travels_in) in enumerate(self.compressed_parts, start=1):
+            container = sums if travels_in == "sums" else payload
+            if key not in container:
+                continue
+            value = container[key]
+            compressed = self.compression.compress(round, client_id, value.reshape(-1), residuals.get(key), part=index)
+            received = compressed.received.view(value.shape).to(value.device)
+            if key in central_bounds:
+                received, _ = clip_to_norm(received, central_bounds[key])
+            container[key] = received.to(value.dtype)
+            wire[key] = compressed.wire_bytes
+            self._keep(residuals, key, compressed.residual)
+
+    @staticmethod
+    def _keep(residuals: Residuals, key: str, residual: torch.Tensor | None) -> None:
+        """Error feedback: the tensor's new residual replaces its last one (None: error feedback is off)."""
+        if residual is not None:
+            residuals[key] = residual
 
     @property
     def part_multiplier(self) -> float:
@@ -276,6 +345,10 @@ class ServerUploadPath:
         self.parts: list[PrivatePart] = private_parts(algorithm) if algorithm is not None and privacy.enabled else []
         self.released_parts = released_parts(algorithm) if algorithm is not None and privacy.enabled else 1
         self.population = population_size(config)
+        #: m, the fixed denominator of the central mean and the robust rules' n: train.clients_per_round, or K under train.mode=async
+        self.cohort = aggregated_cohort(config)
+        #: train.mode=async accounts each aggregation at q = 1: arrivals follow the clock, not a uniform sample
+        self.buffered = config.train.mode == "async"
         secagg = privacy.secure_aggregation
         self.secagg_threshold = survivor_threshold(secagg, config.train.clients_per_round) if secagg.enabled else 0
         #: the clients add the central noise in shares (privacy.secure_aggregation.noise: distributed)
@@ -299,9 +372,8 @@ class ServerUploadPath:
                 from fedray.privacy.accountant import CentralAccountant
             except ImportError as error:
                 raise RunError(f"privacy.mechanism needs the dp-accounting library ({error}); pip install 'fedray[privacy]'") from None
-            self.accountant = CentralAccountant(
-                privacy.accountant, privacy.sampling, self.population, noise_cohort_size(config), self.delta
-            )
+            sampled_from = self.cohort if self.buffered else self.population  # async: q = K/K = 1, no amplification
+            self.accountant = CentralAccountant(privacy.accountant, privacy.sampling, sampled_from, noise_cohort_size(config), self.delta)
             if self.delta >= 1 / self.population:
                 logger.warning("privacy.delta %g is >= 1/population (1/%d): the guarantee is weak", self.delta, self.population)
             if self.noise_multiplier is None:
@@ -332,8 +404,15 @@ class ServerUploadPath:
                 privacy.accountant,
                 privacy.sampling,
                 noise_cohort_size(config),
-                self.population,
+                sampled_from,
             )
+            if self.buffered and privacy.mechanism == "central":
+                logger.info(
+                    "privacy: train.mode=async: each aggregation of K=%d buffered updates is one Gaussian mechanism of multiplier z "
+                    "(noise z·C on the buffer's sum, divided by K), composed over the aggregations at q=1 without amplification by "
+                    "sampling (who arrives depends on the clock and availability, not on a uniform sample)",
+                    self.cohort,
+                )
         if config.robust.collects_updates:
             logger.info(
                 "robust.rule=%s, robust.attack=%s: the workers collect each client's update instead of summing them",
@@ -412,7 +491,7 @@ class ServerUploadPath:
                 payloads = {cid: payload for cid, payload in payloads.items() if payload}
                 sums["weights"], sums["num_samples"] = reference + aggregate, torch.tensor(1.0, dtype=torch.float64)
             elif privacy.mechanism == "central":
-                cohort = self.config.train.clients_per_round
+                cohort = self.cohort
                 std = central_noise_std(self.update_noise_multiplier, self.clip, cohort, noise_cohort_size(self.config))
                 noise = central_noise(self.config.seed, round, sums["weights"], std) if std > 0 and not self.distributed else 0.0
                 if self.audit is not None:  # privacy.audit: the round's canaries join the clipped sum before the noise
@@ -440,6 +519,55 @@ class ServerUploadPath:
         results = RoundResults(sums, payloads, client_metrics, results.num_clients, results.excluded_clients)
         return results, row
 
+    def apply_buffer(
+        self, round: int, groups: list[tuple[RoundResults, float, torch.Tensor]], current: torch.Tensor
+    ) -> tuple[RoundResults, dict[str, float]]:
+        """:meth:`apply` on one aggregation of ``train.mode: async`` (docs/guide/privacy.md, "Asynchronous
+        aggregation"). ``groups``: per model version v the buffer's clients started from, their merged
+        results, their staleness weight s(τ) ≤ 1 and w_v; ``current``: w, the weights being updated.
+
+        Each client's update Δ_k was formed on its worker against w_{v_k} (clipped, and noised under
+        local DP). The buffer is rewritten as one round's results against w, then :meth:`apply` runs on
+        them as on a synchronous round of m = K = ``systems.fedbuff.buffer_size`` clients:
+
+        - central DP: w + (Σ_k s(τ_k)·(clip(Δ_k) + p_k) + N(0, (z·C)²)) / K, one noise draw on the
+          buffer's sum, the fixed denominator K even for a buffer that closed with fewer updates;
+        - local DP: w + Σ_k s(τ_k)·(clip(Δ_k) + N(0, (z·C)²) + p_k) / k over the k updates received;
+        - a robust rule: w + rule([s(τ_k)·(Δ_k + p_k)]) over the buffer's updates (ALIE then replaces the
+          malicious ones among these);
+
+        with p_k = w_{v_k} − w under ``systems.fedbuff.mixing: model`` (FedAsync: public, not clipped)
+        and 0 under ``delta``. Attackers without a rule or privacy leave the plain weighted sums,
+        combined by :func:`~fedray.systems.fedbuff.buffered_results`. A client is in a buffer once at most
+        (:class:`~fedray.systems.fedbuff.BufferSchedule`), which bounds one client's change of the sum by C."""
+        mixing = self.config.systems.fedbuff.mixing
+        clients = [cid for results, _, _ in groups for cid in results.client_metrics]
+        if len(clients) != len(set(clients)):
+            raise RuntimeError(
+                f"round {round}: a client contributes twice to one buffer ({sorted(clients)}); the sensitivity C assumes once"
+            )
+        if not (self.config.privacy.enabled or self.config.robust.collects_updates):
+            return self.apply(round, buffered_results(groups, current, mixing), current)
+        reference = current.to(torch.float64)
+        summed: torch.Tensor | None = None  # Σ_g s_g·(Σ_{k in g} Δ_k + k_g·p_g): the buffer's deltas against w
+        count = torch.zeros((), dtype=torch.float64)
+        for results, weight, start in groups:
+            if results.num_clients == 0:
+                continue
+            public = start.to(reference.device, torch.float64) - reference if mixing == "model" else None
+            for payload in results.payloads.values():
+                if ROBUST_UPDATE in payload:  # each client's delta, for the rule
+                    update = payload[ROBUST_UPDATE].to(torch.float64)
+                    payload[ROBUST_UPDATE] = float(weight) * (update if public is None else update + public)
+            if "weights" in results.sums:  # the group's sum of deltas and its count of clients (ones each)
+                term = results.sums["weights"].to(torch.float64)
+                if public is not None:
+                    term = term + results.sums["num_samples"] * public
+                summed = float(weight) * term if summed is None else summed + float(weight) * term
+                count = count + results.sums["num_samples"]
+        sums = {"weights": summed, "num_samples": count} if summed is not None else {}
+        return self.apply(round, RoundResults.merged([results for results, _, _ in groups], sums), current)
+
     def _alie(self, updates: torch.Tensor, malicious: list[bool]) -> tuple[torch.Tensor, float]:
         """ALIE (:func:`fedray.aggregation.attacks.alie_updates`): the malicious rows of ``updates``
         replaced by μ − z·σ of the benign ones, and the z used (nan in a round without attackers)."""
@@ -454,7 +582,7 @@ class ServerUploadPath:
         """Central DP on the parts other than the weights (module docstring): noise on each summed
         part's sum (in place) and on each client's copy of a per-client part; the payloads returned
         under anonymous keys in a seeded random order when any part is per client."""
-        privacy, cohort = self.config.privacy, self.config.train.clients_per_round
+        privacy, cohort = self.config.privacy, self.cohort
         multiplier = self.update_noise_multiplier
         for index, part in enumerate(self.parts, start=1):
             bound = getattr(privacy, part.bound)

@@ -44,7 +44,7 @@ from fedray.seeding import seed_client
 from fedray.runtime.state_store import ClientStateStore, client_state_location
 from fedray.runtime.upload_path import ClientUploadPath
 from fedray.runtime.user_code import call_algorithm
-from fedray.systems.compression import split_client_state
+from fedray.systems.compression import Residuals, split_client_state
 
 logger = logging.getLogger(__name__)
 
@@ -189,13 +189,13 @@ class ClientWorker:
     def client_context(self, round: int, client_id: int, state_version: int) -> ClientContext:
         """What ``Algorithm.client_update`` gets for ``client_id`` in ``round``: its data on this
         worker's device, its seeded generator and its state as stored in ``state_version``."""
-        return self.client_context_and_residual(round, client_id, state_version)[0]
+        return self.client_context_and_residuals(round, client_id, state_version)[0]
 
-    def client_context_and_residual(self, round: int, client_id: int, state_version: int) -> tuple[ClientContext, torch.Tensor | None]:
-        """:meth:`client_context`, whose state leaves out the client's error-feedback residual
-        (``systems.compression``), and that residual (None: it has none)."""
+    def client_context_and_residuals(self, round: int, client_id: int, state_version: int) -> tuple[ClientContext, Residuals]:
+        """:meth:`client_context`, whose state leaves out the client's error-feedback residuals
+        (``systems.compression``), and those residuals (empty: it has none)."""
         cfg = self.config
-        state, residual = split_client_state(self.state_store.load(client_id, state_version, self.device))
+        state, residuals = split_client_state(self.state_store.load(client_id, state_version, self.device))
         train_index = torch.as_tensor(self.data.clients.client(client_id), device=self.device)
         x, y = self.x_train[train_index], self.y_train[train_index]
         if self.upload_path is not None:  # robust.attack label_flip/backdoor: a malicious client trains on poisoned data
@@ -222,7 +222,7 @@ class ClientWorker:
             x_public=self.x_public,
             mean_client_samples=self.mean_client_samples,
         )
-        return context, residual
+        return context, residuals
 
     # ------------------------------------------------------------------ remote methods
     def run_clients(self, round: int, tasks: list[ClientTask], broadcast: dict[str, Any]) -> PartialResult:
@@ -232,9 +232,9 @@ class ClientWorker:
         if self.config.train.vectorize != "off" and self.vectorized():
             tasks = self.run_clients_vectorized(round, tasks, broadcast, partial)  # what is left: auto's fallback
         for client_id, state_version, checkpoint_versions in tasks:
-            ctx, residual = self.client_context_and_residual(round, client_id, state_version)
+            ctx, residuals = self.client_context_and_residuals(round, client_id, state_version)
             update = call_algorithm(self.algorithm, "client_update", round, client_id, ctx, broadcast)
-            self.add_update(partial, round, (client_id, state_version, checkpoint_versions), ctx, residual, update, broadcast)
+            self.add_update(partial, round, (client_id, state_version, checkpoint_versions), ctx, residuals, update, broadcast)
         return partial.to_cpu()
 
     def add_update(
@@ -243,7 +243,7 @@ class ClientWorker:
         round: int,
         task: ClientTask,
         ctx: ClientContext,
-        residual: torch.Tensor | None,
+        residuals: Residuals,
         update: ClientUpdate,
         broadcast: dict[str, Any],
     ) -> None:
@@ -254,7 +254,7 @@ class ClientWorker:
         if self.upload_path is not None:
             if update.state is None and self.upload_path.keeps_residuals:  # stored anew next to the new residual
                 update = dataclasses.replace(update, state=ctx.state)
-            update = self.upload_path.apply(round, client_id, update, broadcast, residual)
+            update = self.upload_path.apply(round, client_id, update, broadcast, residuals)
         added = partial.add(client_id, update)
         if self.config.output.record_update_hashes:  # fedray replay compares a re-executed update with it
             partial.client_metrics[client_id]["update_hash"] = update_hash(update)
@@ -303,7 +303,7 @@ class ClientWorker:
         position = 0
         while position < len(tasks):
             group = tasks[position : position + self.group_size()]
-            contexts = [self.client_context_and_residual(round, client_id, version) for client_id, version, _ in group]
+            contexts = [self.client_context_and_residuals(round, client_id, version) for client_id, version, _ in group]
             try:
                 updates = train_group(self.algorithm, [ctx for ctx, _ in contexts], broadcast)
             except Exception as error:
@@ -324,8 +324,8 @@ class ClientWorker:
                 logger.warning("train.vectorize=auto: clients train %s", self.training_path)
                 return tasks[position:]
             self.vectorized_groups += 1
-            for task, (ctx, residual), update in zip(group, contexts, updates, strict=True):
-                self.add_update(partial, round, task, ctx, residual, update, broadcast)
+            for task, (ctx, residuals), update in zip(group, contexts, updates, strict=True):
+                self.add_update(partial, round, task, ctx, residuals, update, broadcast)
             position += len(group)
         return []
 

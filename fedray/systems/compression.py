@@ -3,13 +3,17 @@
 A client compresses its model-weight update Δ_k = w_k − w (against the broadcast weights w, in
 float32 as a device holds it) into the tensors it sends; the server decodes them, and what it decodes
 is what it aggregates. :func:`~fedray.systems.clock.payload_bytes` of the encoded tensors is what
-the client's ``bytes_up`` counts. What is compressed are the model weights among the run's uploads
-(:func:`compressed_uploads`): :data:`~fedray.algorithms.uploads.MODEL_WEIGHTS` (Δ_k from
-``sums["weights"] / sums["num_samples"]``) and a client's own weights sent in its payload (the keys
-an upload declares ``model_weights``: FedSKC's outside ``gda_mode: fedavg``, which the server then
-receives as w + decode(C(Δ_k))); every other upload (prototypes, control variates, ...) travels as it
-is (:func:`compression_deviation`), and an algorithm whose run uploads no model weights is refused
-before Ray starts (:func:`check_compression`). ``systems.compression.method``:
+the client's ``bytes_up`` counts. Every upload kind is compressed (:func:`compressed_uploads`, :func:`compressed_parts`):
+:data:`~fedray.algorithms.uploads.MODEL_WEIGHTS` as the update Δ_k (from ``sums["weights"] /
+sums["num_samples"]``), a client's own weights sent in its payload (the keys an upload declares
+``model_weights``: FedSKC's outside ``gda_mode: fedavg``, which the server then receives as
+w + decode(C(Δ_k))), and the other float tensors each upload declares ``compressed`` (prototype and
+representation sums, logit knowledge, SCAFFOLD's control-variate deltas, Hetero-SSFL's
+representations), each as one vector of its own, as it is: these are values the server uses as
+they arrive, not updates against a broadcast reference. What an upload leaves out (per-class counts,
+presence masks, the weights' ``num_samples``: a few numbers a class) travels as it is. An algorithm
+that declares no upload is refused before Ray starts (:func:`check_compression`).
+``systems.compression.method``:
 
 - ``fp16``: Δ in half precision (2 bytes an entry).
 - ``int8``: unbiased stochastic quantisation (QSGD: Alistarh et al., "QSGD: Communication-Efficient
@@ -27,8 +31,11 @@ Error feedback (``error_feedback: true``; Stich, Cordonnier & Jaggi, "Sparsified
 NeurIPS 2018, Algorithm 1; Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
 Compression Schemes", ICML 2019, Algorithm 2, EF-SGD): a client compresses p_k = Δ_k + e_k instead
 of Δ_k and keeps e_k ← p_k − decode(C(p_k)), what the server did not receive, for its next upload.
-The residual e_k is client state: it is stored with the algorithm's own client state
-(:data:`RESIDUAL_KEY`, :func:`join_client_state`), versioned and checkpointed like it, so a client
+Each compressed tensor has its own residual. For an update (the model weights, SCAFFOLD's Δc_i,
+which the server accumulates) this is the method of the papers above; for a value the server uses
+as it arrives (a prototype sum, logit knowledge) the same memory makes each client's received
+values right on average over its uploads rather than in each round. The residuals are client state:
+they are stored with the algorithm's own client state (:data:`RESIDUAL_KEY`, :func:`join_client_state`), versioned and checkpointed like it, so a client
 that drops or is late keeps the residual of its last upload that arrived, and a resumed run
 continues bit-identically.
 """
@@ -37,11 +44,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload
+from fedray.algorithms.uploads import MODEL_WEIGHTS, Upload, no_uploads
 from fedray.config import ConfigError, RunConfig
 from fedray.config.schema import CompressionConfig
 from fedray.seeding import derive_seed
@@ -51,8 +58,12 @@ from fedray.systems.draws import COMPRESSION_STREAM
 if TYPE_CHECKING:
     from fedray.algorithms.base import Algorithm
 
-#: The key of a client's error-feedback residual in its stored client state (never shown to the algorithm).
+#: The key of a client's error-feedback residual of its model weights in its stored client state (never
+#: shown to the algorithm); another compressed tensor's residual is under ``RESIDUAL_KEY:<its key>``.
 RESIDUAL_KEY = "fedray.compression_residual"
+#: A client's residuals by the key of what they belong to, :data:`WEIGHTS` for its model weights.
+Residuals = dict[str, torch.Tensor]
+WEIGHTS = "weights"
 INT8_LEVELS = 127  # s of QSGD: ℓ ∈ {-127, ..., 127}
 
 
@@ -155,15 +166,18 @@ class UploadCompression:
         compression = config.systems.compression
         return cls(compression, config.seed) if compression_enabled(config) else None
 
-    def compress(self, round: int, client_id: int, delta: torch.Tensor, residual: torch.Tensor | None) -> CompressedUpdate:
-        """Client ``client_id``'s ``delta`` (Δ_k) as the server receives it in ``round``; ``residual``
-        is its e_k (None: it has none yet, or error feedback is off)."""
+    def compress(self, round: int, client_id: int, delta: torch.Tensor, residual: torch.Tensor | None, part: int = 0) -> CompressedUpdate:
+        """Client ``client_id``'s ``delta`` (Δ_k, or another tensor, flat) as the server receives it in
+        ``round``; ``residual`` is its e_k (None: it has none yet, or error feedback is off). ``part``
+        numbers the tensor among the client's compressed tensors (0: the model weights, then
+        :func:`compressed_parts` from 1), so that each draws its own random stream."""
         vector = delta.to(torch.float32)
         if self.error_feedback and residual is not None:
             vector = vector + residual.to(vector.device)
         if not bool(torch.isfinite(vector).all()):  # sent as it is: the server excludes it, and its state is not stored
             return CompressedUpdate(vector, residual, payload_bytes(vector))
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, COMPRESSION_STREAM, round, client_id))
+        keys = (self.seed, COMPRESSION_STREAM, round, client_id) + ((part,) if part else ())
+        generator = torch.Generator().manual_seed(derive_seed(*keys))
         message = self.compressor.encode(vector, generator)
         received = self.compressor.decode(message, vector.numel())
         return CompressedUpdate(received, vector - received if self.error_feedback else None, payload_bytes(message))
@@ -178,60 +192,72 @@ def keeps_client_state(config: RunConfig, algorithm: type[Algorithm]) -> bool:
     return algorithm.keeps_client_state or (compression_enabled(config) and config.systems.compression.error_feedback)
 
 
-def split_client_state(state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor] | None, torch.Tensor | None]:
-    """A client's stored state as (the algorithm's own state, or None if it has none; its residual,
-    or None). ``state`` itself is not changed (it may be the store's cached copy)."""
-    if state is None or RESIDUAL_KEY not in state:
-        return state, None
-    own = {key: value for key, value in state.items() if key != RESIDUAL_KEY}
-    return own or None, state[RESIDUAL_KEY]
+def split_client_state(state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor] | None, Residuals]:
+    """A client's stored state as (the algorithm's own state, or None if it has none; its residuals,
+    empty if it has none). ``state`` itself is not changed (it may be the store's cached copy)."""
+    if state is None or not any(key.startswith(RESIDUAL_KEY) for key in state):
+        return state, {}
+    own: dict[str, torch.Tensor] = {}
+    residuals: Residuals = {}
+    for key, value in state.items():
+        if key == RESIDUAL_KEY:
+            residuals[WEIGHTS] = value
+        elif key.startswith(f"{RESIDUAL_KEY}:"):
+            residuals[key.removeprefix(f"{RESIDUAL_KEY}:")] = value
+        else:
+            own[key] = value
+    return own or None, residuals
 
 
-def join_client_state(state: dict[str, torch.Tensor] | None, residual: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
-    """The client state to store: the algorithm's ``state`` with ``residual`` under :data:`RESIDUAL_KEY`."""
-    if residual is None:
+def join_client_state(state: dict[str, torch.Tensor] | None, residuals: Residuals) -> dict[str, torch.Tensor] | None:
+    """The client state to store: the algorithm's ``state`` with each of ``residuals`` under its
+    :data:`RESIDUAL_KEY` key."""
+    if not residuals:
         return state
-    return {**(state or {}), RESIDUAL_KEY: residual}
+    stored = {RESIDUAL_KEY if key == WEIGHTS else f"{RESIDUAL_KEY}:{key}": value for key, value in residuals.items()}
+    return {**(state or {}), **stored}
 
 
 def compressed_uploads(algorithm: Algorithm) -> list[Upload]:
-    """The uploads of ``algorithm``'s run that compression encodes: :data:`MODEL_WEIGHTS` (the weights'
-    sums) and those declaring ``model_weights`` (a client's own weights in its payload)."""
+    """The uploads of ``algorithm``'s run that compression encodes as model-weight updates:
+    :data:`MODEL_WEIGHTS` (the weights' sums) and those declaring ``model_weights`` (a client's own
+    weights in its payload)."""
     return sorted(
         (upload for upload in algorithm.run_uploads() if upload == MODEL_WEIGHTS or upload.model_weights), key=lambda upload: upload.kind
     )
 
 
-def compression_deviation(algorithm: Algorithm) -> str | None:
-    """What ``systems.compression`` leaves as it is in ``algorithm``'s uploads (None: nothing, or
-    nothing is compressed at all): the uploads other than model weights, sent uncompressed."""
-    compressed = compressed_uploads(algorithm)
-    rest = sorted(upload.kind for upload in algorithm.run_uploads() if upload not in compressed)
-    if not compressed or not rest:
-        return None
-    return f"compresses its {' and '.join(upload.kind for upload in compressed)}, not its {', '.join(rest)} (sent as they are)"
+def compressed_parts(algorithm: Algorithm) -> list[tuple[str, Literal["sums", "payload"]]]:
+    """The tensors other than model weights that compression encodes, as (key, where it travels), in a
+    fixed order (their random streams and residuals are numbered by it, from 1): each upload's
+    ``compressed`` keys, the uploads by kind."""
+    return [
+        (key, "sums" if key in upload.sums else "payload")
+        for upload in sorted(algorithm.run_uploads(), key=lambda upload: upload.kind)
+        for key in upload.compressed
+    ]
 
 
 def compression_problems(config: RunConfig, algorithm: Algorithm) -> list[tuple[str | None, str]]:
-    """Why ``systems.compression`` cannot apply to ``algorithm`` (empty: it can, or it is off): its
-    run uploads no model weights (:func:`compressed_uploads`)."""
-    if not compression_enabled(config) or compressed_uploads(algorithm):
+    """Why ``systems.compression`` cannot apply to ``algorithm`` (empty: it can, or it is off): it
+    declares nothing to compress (:func:`compressed_uploads`, :func:`compressed_parts`)."""
+    if not compression_enabled(config) or compressed_uploads(algorithm) or compressed_parts(algorithm):
         return []
     cls = type(algorithm)
     name = cls.name or cls.__name__
     uploads = ", ".join(sorted(upload.kind for upload in algorithm.run_uploads()))
-    what = f"uploads {uploads}, no model weights" if uploads else "does not declare what it uploads (Algorithm.uploads)"
+    what = f"{name} uploads {uploads}, none of it declared compressible" if uploads else no_uploads(cls)
     return [
         (
             "systems.compression.method",
-            f"compression applies to model-weight updates, but {name} {what}; "
-            "use an algorithm that uploads model weights (fedavg, fedprox, scaffold, moon, ...)",
+            f"compression encodes the uploads an algorithm declares, but {what}; "
+            "use an algorithm that declares them (fedavg, fedprox, scaffold, fedproto, ...)",
         )
     ]
 
 
 def check_compression(config: RunConfig, algorithm: Algorithm) -> None:
-    """Refuse compression for an algorithm whose run uploads no model weights (before Ray starts)."""
+    """Refuse compression for an algorithm that declares nothing to compress (before Ray starts)."""
     problems = compression_problems(config, algorithm)
     if problems:
         raise ConfigError(*problems[0])

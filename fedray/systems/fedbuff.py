@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from fedray.algorithms import RoundResults
-from fedray.algorithms.uploads import MODEL_WEIGHTS
+from fedray.algorithms.uploads import MODEL_WEIGHTS, no_uploads
 from fedray.config import ConfigError, RunConfig
 from fedray.systems.draws import DROPOUT_STREAM, FEDBUFF_STREAM, uniform
 
@@ -265,7 +265,7 @@ def check_fedbuff(config: RunConfig, algorithm: Algorithm) -> None:
         return
     name = cls.name or cls.__name__
     if not cls.uploads:
-        what = f"{name} does not declare what it uploads (Algorithm.uploads)"
+        what = no_uploads(cls)
     else:
         what = f"{name} uploads {', '.join(sorted(upload.kind for upload in cls.uploads - {MODEL_WEIGHTS}))}"
     raise ConfigError(

@@ -31,23 +31,24 @@ def refused(args: list[str], tmp_path) -> list[str]:
 
 
 def test_an_algorithm_with_four_problems_is_refused_once_naming_all_four(tmp_path):
-    """FedBN on a model without BatchNorm, without per-client test splits, with top-k compression and
-    FedBuff: before, four attempts, each refused for the next problem."""
+    """FedCoSR without per-client test splits, under local DP without the bounds of its two class-
+    representation tensors, and under FedBuff: before, four attempts, each refused for the next problem."""
     lines = refused(
         [
-            "algorithm.name=fedbn",
+            "algorithm.name=fedcosr",
             "model.name=mlp",
             "systems.enabled=true",
-            "systems.compression.method=topk",
             "train.mode=async",
             "systems.fedbuff.buffer_size=2",
+            "privacy.mechanism=local",
+            "privacy.noise_multiplier=1.0",
         ],
         tmp_path,
     )
     assert len(lines) == 4, lines
-    assert lines[0].startswith("model.name / model.norm: fedbn needs BatchNorm layers and model 'mlp' has none")
-    assert lines[1].startswith("data.client_test_fraction / eval.personalized: fedbn needs per-client test splits")
-    assert lines[2].startswith("systems.compression.method: compression applies to model-weight updates, but fedbn does not declare")
+    assert lines[0].startswith("data.client_test_fraction / eval.personalized: fedcosr needs per-client test splits")
+    assert lines[1].startswith("privacy.clip_prototypes: fedcosr uploads class representations ('centroid_sums')")
+    assert lines[2].startswith("privacy.clip_counts: fedcosr uploads class representations ('centroid_counts')")
     assert lines[3].startswith("train.mode: async combines updates trained from different model versions")
 
 

@@ -64,12 +64,15 @@ def test_every_algorithm_has_every_feature_and_its_base_config_is_accepted(matri
 
 
 def test_cells_come_from_the_checks_and_the_declarations(matrix):
-    fedskc_topk = matrix.cell("fedskc", "topk")  # compressed since FedSKC declares its per-client weights
-    assert fedskc_topk.status == DEVIATES
-    assert fedskc_topk.notes == ("compresses its model weights per client, not its logit knowledge (sent as they are)",)
+    # compressed since FedSKC declares its per-client weights and its logit knowledge (Upload.compressed)
+    assert matrix.cell("fedskc", "topk").status == SUPPORTED and not matrix.cell("fedskc", "topk").notes
     assert matrix.cell("fedavg", "topk").status == SUPPORTED and not matrix.cell("fedavg", "topk").notes
-    ditto = matrix.cell("ditto", "topk")
-    assert ditto.status == REFUSED and ditto.notes[0].startswith("systems.compression.method: compression applies to model-weight updates")
+    assert matrix.cell("ditto", "topk").status == SUPPORTED  # a personalised split uploads its shared part's weights
+    feddyn = matrix.cell("feddyn", "topk")
+    assert feddyn.status == REFUSED and feddyn.notes[0].startswith(
+        "systems.compression.method: compression encodes the uploads an algorithm declares, but feddyn does not declare"
+    )
+    assert "local uploads nothing (its clients never communicate)" in matrix.cell("local", "topk").notes[0]
     fedsc_central = matrix.cell("fedsc", "central_dp")  # the bounds the refusal asked for are added, and said
     assert fedsc_central.status == DEVIATES
     assert "privacy.clip_prototypes=1.0" in fedsc_central.overrides and "privacy.sampling=fixed_size" in fedsc_central.overrides

@@ -1,8 +1,8 @@
 """No silent combination: cells of the support matrix (fedray.runtime.support) run for real, each
 doing what the matrix says. A supported cell (✓ or ~) is the cell's own config run by ``fedray run``
 on the local backend for one round, and its feature shows in the metrics: bytes_up smaller by exactly
-what compression saves on the model weights (and nothing more where the matrix says other uploads
-travel uncompressed), dp_epsilon under DP, malicious_clients counted, personal_* metrics, FedBuff's
+what compression saves on the model weights and on every other tensor the algorithm declares
+compressed (Upload.compressed), dp_epsilon under DP, malicious_clients counted, personal_* metrics, FedBuff's
 staleness, client state on a real S3 API (moto's server). A refused cell (✗) exits with code 2 before
 Ray starts, its problem lines exactly the cell's reasons.
 
@@ -29,10 +29,12 @@ import pytest
 
 import fedray
 import fedray.algorithms
-from e2e_helpers import final_weights
 from fedray.algorithms import ALGORITHMS
 from fedray.cli.main import main
 from fedray.runtime.support import DEVIATES, FEATURES, REFUSED, SUPPORTED, Cell
+from fedray.systems.clock import payload_bytes, sums_bytes
+from fedray.systems.compression import compressed_parts, compressed_uploads
+from fedray.testing import Federation
 from fedray.tracking import read_metrics
 from preloaded_cli import RAY_STARTED, run_fedray_preloaded
 from test_support_matrix import full_matrix
@@ -51,6 +53,8 @@ REPRESENTATIVE = [
     *[("fedavg", key) for key in ("attack_alie", "attack_label_flip", "attack_backdoor", "attackers_per_round")],
     ("fedproto", "attack_label_flip"),
     *[("ditto", key) for key in ("personalised", "fp16", "async")],
+    *[("fedper", key) for key in ("median", "local_dp", "attackers")],  # a personalised split's shared part
+    *[("fedproto", key) for key in ("int8", "topk_ef")],  # its prototype sums compressed, with their residuals
     ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
     ("hetero_ssfl", "personalised"),
 ]
@@ -116,14 +120,31 @@ def ran(result: subprocess.CompletedProcess, run_dir: Path) -> tuple[dict, list[
     return rows[0], read_metrics(run_dir, "client")
 
 
-def compression_saving(method: str, d: int) -> int:
-    """Bytes a client saves on d float32 model weights (docs/guide/systems.md's table)."""
+def encoded_bytes(method: str, n: int) -> int:
+    """Bytes of n entries as ``method`` encodes them (docs/guide/systems.md's table)."""
     return {
-        "fp16": 2 * d,
-        "int8": 4 * d - (d + 4 * math.ceil(d / 1024)),
-        "topk": 4 * d - 8 * max(1, math.ceil(0.01 * d)),
-        "topk_ef": 4 * d - 8 * max(1, math.ceil(0.01 * d)),
+        "fp16": 2 * n,
+        "int8": n + 4 * math.ceil(n / 1024),
+        "topk": 8 * max(1, math.ceil(0.01 * n)),
+        "topk_ef": 8 * max(1, math.ceil(0.01 * n)),
     }[method]
+
+
+def client_saving(cell: Cell, method: str, directory: Path) -> int:
+    """Bytes one client saves under ``method``: on its d float32 model weights (4·d less their encoded
+    size), and on each other tensor its algorithm declares compressed, that tensor's size as it
+    would travel (from a client update of the cell's config, in this process) less its encoded
+    size. The shapes are the same on every client."""
+    run = Federation(directory, [*cell.overrides, *RUN_ONLY])
+    d = run.state["weights"].numel() if compressed_uploads(run.algorithm) else 0
+    saving = 4 * d - encoded_bytes(method, d) if d else 0
+    parts = compressed_parts(run.algorithm)
+    update = run.client_update(1, 0) if parts else None
+    for key, travels_in in parts:
+        value = (update.sums if travels_in == "sums" else update.payload)[key]
+        sent = sums_bytes({key: value}) if travels_in == "sums" else payload_bytes(value)
+        saving += sent - encoded_bytes(method, value.numel())
+    return saving
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +163,10 @@ def check_supported(name: str, key: str, cell: Cell, directory: Path, matrix, sy
         if name not in systems_runs:
             check_supported(name, "systems", matrix.cell(name, "systems"), directory / "systems", matrix, systems_runs)
         plain = systems_runs[name]
-        d = final_weights(run_dir).numel()
         assert len(clients) == row["aggregated"] and all(client["upload_bytes"] > 0 for client in clients)
-        # exactly the model weights' saving: the other uploads (~: the ones named) travel as they were
-        assert plain["bytes_up"] - row["bytes_up"] == row["aggregated"] * compression_saving(key, d), (name, key, cell.notes)
+        # exactly the model weights' saving and the other compressed tensors'; counts and masks travel as they were
+        saving = client_saving(cell, key, directory / "federation")
+        assert plain["bytes_up"] - row["bytes_up"] == row["aggregated"] * saving, (name, key, cell.notes)
         if key == "topk_ef":
             assert any((run_dir / "client_state").rglob("*.pt"))  # the residuals
     elif key in ("central_dp", "local_dp"):

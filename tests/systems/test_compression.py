@@ -13,7 +13,7 @@ import torch
 import fedray
 from e2e_helpers import CrashAfterRound, comparable_rows, final_weights, round_rows
 from fedray.config.schema import CompressionConfig
-from fedray.runtime.state_store import NO_STATE
+from fedray.runtime.state_store import NO_STATE, decode_state
 from fedray.systems.compression import RESIDUAL_KEY, HalfPrecision, StochasticInt8, TopK, UploadCompression
 from fedray.testing import Federation
 from test_bad_inputs import assert_rejected, run_fedray
@@ -141,7 +141,7 @@ def test_a_stateful_algorithm_keeps_its_own_state_next_to_the_residual(tmp_path)
     run = Federation(tmp_path, ["algorithm.name=scaffold", *TOPK_EF]).run(2)
     client = sorted(run.results[-1].client_metrics)[0]
     stored = run.client_state(client)
-    assert set(stored) == {"control", RESIDUAL_KEY}
+    assert set(stored) == {"control", RESIDUAL_KEY, f"{RESIDUAL_KEY}:delta_control"}  # its control delta's residual too
     assert set(run.client_context(3, client).state) == {"control"}
 
 
@@ -156,11 +156,14 @@ def test_off_changes_nothing(tmp_path):
 
 
 def test_a_resumed_run_with_top_k_and_error_feedback_is_bit_identical(tmp_path):
+    """SCAFFOLD: the residuals of its weights and of its control-variate deltas are carried over."""
+
     def run(name: str, callbacks=()) -> Path:
         config = fedray.load_config(
             None,
             [
                 *TOPK_EF,
+                "algorithm.name=scaffold",
                 "systems.selection.dropout=0.3",
                 f"output.dir={tmp_path}",
                 f"output.name={name}",
@@ -182,13 +185,13 @@ def test_a_resumed_run_with_top_k_and_error_feedback_is_bit_identical(tmp_path):
     fedray.resume_experiment(tmp_path / "cut", progress=False)
     assert comparable_rows(round_rows(tmp_path / "cut")) == comparable_rows(round_rows(whole))
     assert torch.equal(final_weights(tmp_path / "cut"), final_weights(whole))
-    assert any((whole / "client_state").rglob("*.pt"))  # the residuals were stored
+    stored = [decode_state(path.read_bytes(), str(path)) for path in (whole / "client_state").rglob("*.pt")]
+    assert any(f"{RESIDUAL_KEY}:delta_control" in state for state in stored)  # the residuals were stored
 
 
 # --------------------------------------------------------------------- bad inputs
 
 BAD_INPUTS = [
-    ("no_model_weights", [ON, "systems.compression.method=int8", "algorithm.name=hetero_ssfl"], "hetero_ssfl uploads kernel matrices"),
     ("undeclared_uploads", [ON, "systems.compression.method=topk", "algorithm.name=feddyn"], "feddyn does not declare what it uploads"),
     ("error_feedback_alone", [ON, "systems.compression.error_feedback=true"], "error_feedback needs a compression method"),
     ("systems_off", ["systems.compression.method=fp16"], "systems keys are set but systems.enabled is false"),
