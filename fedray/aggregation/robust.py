@@ -15,6 +15,12 @@ ascending client id): each replaces the weighted mean, unweighted, as in the pap
   scores computed over the updates not yet picked, with the set's own size: :func:`bulyan_selection`), then per coordinate
   the mean of the β = θ − 2f selected values closest to their median (f = ``robust.krum_f``, needs
   n ≥ 4f + 3).
+
+Uploads other than the model weights that declare how (``Upload.robust``) go through the same rule
+(:func:`robust_sum`): a vector in one space on every client (SCAFFOLD's Δc_i) over the clients, and
+per-class sums (prototypes) per class, over the class means of the clients that hold the class, a
+coordinate-wise rule (median, trimmed mean) only, since whole-update selections (Krum, Bulyan)
+compare clients that hold different classes.
 """
 
 from __future__ import annotations
@@ -106,3 +112,30 @@ def robust_aggregate(rule: RobustRule, updates: torch.Tensor, trim_fraction: flo
     if rule == "bulyan":
         return bulyan(updates, krum_f)
     return multi_krum(updates, krum_f, multi_krum_m)
+
+
+def robust_sum(
+    rule: RobustRule, sums: torch.Tensor, counts: torch.Tensor | None, trim_fraction: float, krum_f: int, multi_krum_m: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What replaces the cohort's sum of an upload other than the model weights under ``rule``, as
+    (the sum, the counts), so that the algorithm's own reading of the sum is the rule's:
+
+    - ``counts`` None: ``sums [n, ...]`` are n clients' vectors; returns n · rule(vectors), for an
+      algorithm that divides the sum by a fixed number (SCAFFOLD's c ← c + Σ Δc_i / N);
+    - per-class: ``sums [n, C, ...]`` and ``counts [n, C]``, client k's class-c mean being
+      sums[k, c] / counts[k, c]; for each class held by some client, m_c = rule(the means of the
+      clients with counts[k, c] > 0); returns (m_c · N_c, N_c) with N_c = Σ_k counts[k, c], whose
+      ratio, the class mean the algorithm takes, is m_c (zero for a class nobody holds)."""
+    n = sums.shape[0]
+    if counts is None:
+        return n * robust_aggregate(rule, sums.reshape(n, -1), trim_fraction, krum_f, multi_krum_m).view(sums.shape[1:]), None
+    totals = counts.sum(dim=0)
+    result = torch.zeros_like(sums[0])
+    for c in range(counts.shape[1]):
+        holders = counts[:, c] > 0
+        if not bool(holders.any()):
+            continue
+        means = sums[holders, c] / counts[holders, c].reshape(-1, *[1] * (sums.dim() - 2))
+        robust_mean = robust_aggregate(rule, means.reshape(means.shape[0], -1), trim_fraction, krum_f, multi_krum_m)
+        result[c] = robust_mean.view(sums.shape[2:]) * totals[c]
+    return result, totals

@@ -59,3 +59,9 @@ class Upload:
     #: logit knowledge, control-variate deltas, representations); keys left out (counts, presence
     #: masks: a few numbers a class, as the weights' ``num_samples``) travel as they are
     compressed: tuple[str, ...] = ()
+    #: how ``robust.rule`` takes this upload over the clients in place of its sum (empty: it cannot,
+    #: and robust rules are refused): ``(sum key, count key)`` pairs of per-class sums whose ratio is
+    #: each class's mean (prototypes: the rule runs per class over the clients holding it), and
+    #: ``(sum key, "")`` for a vector in one space on every client (a control-variate delta: the rule
+    #: runs over the clients' vectors)
+    robust: tuple[tuple[str, str], ...] = ()

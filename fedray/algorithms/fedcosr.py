@@ -155,6 +155,7 @@ class FedCoSR(PersonalizedAlgorithm):
                 sums=("centroid_sums", "centroid_counts"),
                 clipped=(("centroid_sums", "clip_prototypes"), ("centroid_counts", "clip_counts")),
                 compressed=("centroid_sums",),
+                robust=(("centroid_sums", "centroid_counts"),),
             ),
         }
     )

@@ -81,6 +81,7 @@ class FedProc(FedAvg):
             sums=("proto_sum", "proto_weight"),
             clipped=(("proto_sum", "clip_prototypes"), ("proto_weight", "clip_counts")),
             compressed=("proto_sum",),
+            robust=(("proto_sum", "proto_weight"),),
         )
     }
     Params = FedProcParams

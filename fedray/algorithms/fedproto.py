@@ -91,6 +91,7 @@ class FedProto(Algorithm):
                 sums=("class_sums", "class_counts"),
                 clipped=(("class_sums", "clip_prototypes"), ("class_counts", "clip_counts")),
                 compressed=("class_sums",),
+                robust=(("class_sums", "class_counts"),),
             ),
         }
     )

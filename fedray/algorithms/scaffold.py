@@ -97,6 +97,7 @@ class Scaffold(ServerOptimizedAlgorithm):
             sums=("delta_control",),
             clipped=(("delta_control", "clip_controls"),),
             compressed=("delta_control",),
+            robust=(("delta_control", ""),),
         )
     }
     keeps_client_state = True

@@ -137,15 +137,30 @@ def upload_problems(algorithm: Algorithm) -> list[tuple[str | None, str]]:
             )
         )
     others = sorted(algorithm.run_uploads() - {MODEL_WEIGHTS}, key=lambda upload: upload.kind)
-    if config.robust.enabled and others:
-        kinds = ", ".join(upload.kind for upload in others)
-        problems.append(
-            ("robust.*", f"{name} uploads {kinds}: robust rules and attacks handle model weights only; use an algorithm such as fedavg")
-        )
+    if config.robust.enabled:
+        problems += _robust_problems(name, algorithm.run_uploads(), config)
     if privacy.enabled:
         problems += [problem for upload in others for problem in _in_clear(name, upload)]
         problems += [problem for upload in others for problem in _bounds_and_sampling(name, upload, privacy)]
     return problems
+
+
+def robust_parts(algorithm: Algorithm) -> list[tuple[str, str]]:
+    """The ``(sum key, count key or "")`` pairs a robust rule takes besides the model weights
+    (``Upload.robust``: :func:`fedray.aggregation.robust.robust_sum`), in a fixed order."""
+    return [pair for upload in sorted(algorithm.run_uploads() - {MODEL_WEIGHTS}, key=lambda upload: upload.kind) for pair in upload.robust]
+
+
+def attack_deviation(algorithm: Algorithm) -> str | None:
+    """What a model attack (``robust.attack``: sign_flip, scaled, random, alie) leaves alone in
+    ``algorithm``'s uploads (None: nothing, or no such attack): the uploads besides the model
+    weights, sent as the malicious client computed them (the data-poisoning attacks reach them by
+    training)."""
+    robust = algorithm.config.robust
+    others = sorted(upload.kind for upload in algorithm.run_uploads() - {MODEL_WEIGHTS})
+    if not robust.attacking or robust.attack in ("label_flip", "backdoor") or not others:
+        return None
+    return f"the attack alters the model weights; a malicious client's {', '.join(others)} travel as it computed them"
 
 
 def privacy_deviation(algorithm: Algorithm) -> str | None:
@@ -156,6 +171,53 @@ def privacy_deviation(algorithm: Algorithm) -> str | None:
         return None
     keys = ", ".join(f"{key!r} ({kind})" for kind, key in constant)
     return f"under privacy every client sends {keys} as ones, so the server no longer tells clients or classes apart by them"
+
+
+def _robust_problems(name: str, uploads: frozenset[Upload], config: RunConfig) -> list[tuple[str | None, str]]:
+    """Why ``robust.*`` cannot take ``uploads``: no summed model weights (what attacks and rules act on);
+    an upload besides them that does not declare how a rule takes it (``Upload.robust``); per-class
+    sums under a whole-update rule, or under local DP. Attackers without a rule attack the model
+    weights only (:func:`attack_deviation`)."""
+    robust, problems = config.robust, []
+    others = sorted(uploads - {MODEL_WEIGHTS}, key=lambda upload: upload.kind)
+    if MODEL_WEIGHTS not in uploads:
+        kinds = ", ".join(upload.kind for upload in others)
+        hints = "; ".join(f"set {upload.avoided_by}" for upload in others if upload.avoided_by)
+        problems.append(
+            (
+                "robust.*",
+                f"{name} uploads {kinds}, no summed model weights, which attacks and robust rules act on" + (f"; {hints}" if hints else ""),
+            )
+        )
+    undeclared = [upload for upload in others if not upload.robust]
+    if undeclared and robust.rule != "none":  # attackers alone attack the model weights: attack_deviation
+        kinds = ", ".join(upload.kind for upload in undeclared)
+        how = f"which its server combines client by client by its own rule, which robust.rule={robust.rule} cannot stand in for"
+        if not any(upload.payload for upload in undeclared):
+            how = f"which do not say how robust.rule={robust.rule} takes them (Upload.robust)"
+        problems.append(
+            ("robust.rule", f"{name} uploads {kinds}, {how}; use an algorithm whose uploads are summed, such as fedavg or fedproto")
+        )
+    per_class = [upload for upload in others if any(count for _, count in upload.robust)]
+    if per_class and robust.rule in ("krum", "multi_krum", "bulyan"):
+        kinds = ", ".join(upload.kind for upload in per_class)
+        problems.append(
+            (
+                "robust.rule",
+                f"{name} uploads {kinds} per class, and robust.rule={robust.rule} selects whole client updates by their distances, "
+                "which clients holding different classes do not give; use robust.rule=median or trimmed_mean, which run per class",
+            )
+        )
+    if per_class and robust.rule != "none" and config.privacy.mechanism == "local":
+        kinds = ", ".join(upload.kind for upload in per_class)
+        problems.append(
+            (
+                "robust.rule",
+                f"robust.rule={robust.rule} takes {name}'s {kinds} per class as each client's class means (sum / count), "
+                "and privacy.mechanism=local noises the counts; use central DP without a robust rule, or a rule without local DP",
+            )
+        )
+    return problems
 
 
 def _in_clear(name: str, upload: Upload) -> list[tuple[str | None, str]]:

@@ -51,7 +51,7 @@ from fedray.algorithms.requirements import (
     supported_tasks,
 )
 from fedray.algorithms import ALGORITHMS, Algorithm, get_algorithm_class
-from fedray.algorithms.uploads import privacy_deviation
+from fedray.algorithms.uploads import attack_deviation, privacy_deviation
 from fedray.config import ConfigError, RunConfig
 from fedray.config.privacy import RobustConfig
 from fedray.config.schema import CompressionConfig
@@ -95,6 +95,10 @@ Deviation = Callable[[RunConfig, "Algorithm", "FederatedDataset"], "str | None"]
 def _privacy_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
 
     return privacy_deviation(algorithm)
+
+
+def _attack_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
+    return attack_deviation(algorithm)
 
 
 def _personal_evaluation_deviation(config: RunConfig, algorithm: Algorithm, data: FederatedDataset) -> str | None:
@@ -184,6 +188,7 @@ def _columns() -> tuple[Feature, ...]:
             _HEADERS.get(attack, attack),
             f"attack: {attack}",
             ("robust.malicious_fraction=0.3", f"robust.attack={attack}", _ROBUST_COHORT),
+            deviation=_attack_deviation,
         )
         for attack in _choices(RobustConfig, "attack")
         if attack != RobustConfig().attack  # the default attack is the attackers column
@@ -241,13 +246,20 @@ def _columns() -> tuple[Feature, ...]:
             ("privacy.secure_aggregation.enabled=true",),
         ),
         *rules,
-        Feature("attackers", "atk", "attackers (robust.malicious_fraction, sign_flip)", ("robust.malicious_fraction=0.3", _ROBUST_COHORT)),
+        Feature(
+            "attackers",
+            "atk",
+            "attackers (robust.malicious_fraction, sign_flip)",
+            ("robust.malicious_fraction=0.3", _ROBUST_COHORT),
+            deviation=_attack_deviation,
+        ),
         *attacks,
         Feature(
             "attackers_per_round",
             "atk/rd",
             "attackers: exactly k a round (robust.attackers: per_round)",
             ("robust.attackers=per_round", "robust.attackers_per_round=2", _ROBUST_COHORT),
+            deviation=_attack_deviation,
         ),
         Feature(
             "personalised",

@@ -63,9 +63,9 @@ import numpy as np
 import torch
 
 from fedray.aggregation.attacks import MODEL_ATTACKS, Attackers, alie_updates, alie_z, attacked_delta, poisoned_data
-from fedray.aggregation.robust import robust_aggregate
+from fedray.aggregation.robust import robust_aggregate, robust_sum
 from fedray.algorithms import Algorithm, ClientUpdate, RoundResults
-from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, undeclared_keys
+from fedray.algorithms.uploads import PrivatePart, private_parts, released_parts, robust_parts, undeclared_keys
 from fedray.config import ConfigError, RunConfig
 from fedray.config.privacy import (
     adaptive_noise_problem,
@@ -148,6 +148,8 @@ class ClientUploadPath:
         self.payload_weights = [key for upload in compressed_uploads(algorithm) for key in upload.model_weights]
         #: the other tensors compression encodes, as (key, "sums" or "payload"), numbered from 1 in this order
         self.compressed_parts = compressed_parts(algorithm) if self.compression is not None else []
+        #: the uploads besides the weights a robust rule takes, collected per client (Upload.robust)
+        self.robust_keys = [key for pair in robust_parts(algorithm) for key in pair if key] if config.robust.rule != "none" else []
         uploads = algorithm.run_uploads() if config.privacy.enabled else frozenset()
         self.private_uploads = sorted((upload for upload in uploads if upload.clipped or upload.constant), key=lambda upload: upload.kind)
         self.parts = private_parts(algorithm) if config.privacy.enabled else []
@@ -200,6 +202,8 @@ class ClientUploadPath:
                     "%s uploaded nothing it declares compressible: systems.compression left it as it is", self.algorithm_class.name
                 )
                 self.warned_uncompressed = True
+        for key in self.robust_keys:  # a robust rule needs each client's, not the cohort's sum
+            payload[f"{ROBUST_UPDATE}:{key}"] = sums.pop(key)
         return ClientUpdate(sums=sums, payload=payload, metrics=metrics, state=join_client_state(update.state, residuals))
 
     def weights_update(
@@ -343,6 +347,8 @@ class ServerUploadPath:
         self.config = config
         privacy = config.privacy
         self.parts: list[PrivatePart] = private_parts(algorithm) if algorithm is not None and privacy.enabled else []
+        #: the uploads besides the weights the robust rule takes (Upload.robust: fedray.aggregation.robust.robust_sum)
+        self.robust_parts = robust_parts(algorithm) if algorithm is not None and config.robust.rule != "none" else []
         self.released_parts = released_parts(algorithm) if algorithm is not None and privacy.enabled else 1
         self.population = population_size(config)
         #: m, the fixed denominator of the central mean and the robust rules' n: train.clients_per_round, or K under train.mode=async
@@ -488,6 +494,8 @@ class ServerUploadPath:
                     aggregate = (weights[:, None] * updates).sum(dim=0) / weights.sum()
                 else:
                     aggregate = robust_aggregate(robust.rule, updates, robust.trim_fraction, robust.krum_f, robust.multi_krum_m)
+                    for sum_key, count_key in self.robust_parts:
+                        sums.update(self._robust_part([payloads[cid] for cid in clients], sum_key, count_key))
                 payloads = {cid: payload for cid, payload in payloads.items() if payload}
                 sums["weights"], sums["num_samples"] = reference + aggregate, torch.tensor(1.0, dtype=torch.float64)
             elif privacy.mechanism == "central":
@@ -567,6 +575,24 @@ class ServerUploadPath:
                 count = count + results.sums["num_samples"]
         sums = {"weights": summed, "num_samples": count} if summed is not None else {}
         return self.apply(round, RoundResults.merged([results for results, _, _ in groups], sums), current)
+
+    def _robust_part(self, payloads: list[dict[str, Any]], sum_key: str, count_key: str) -> dict[str, torch.Tensor]:
+        """The sums of one upload besides the weights under the robust rule, from each client's copy
+        (popped from ``payloads``): :func:`fedray.aggregation.robust.robust_sum`."""
+        robust = self.config.robust
+        values = torch.stack([payload.pop(f"{ROBUST_UPDATE}:{sum_key}") for payload in payloads])
+        counts = torch.stack([payload.pop(f"{ROBUST_UPDATE}:{count_key}") for payload in payloads]) if count_key else None
+        total, total_counts = robust_sum(
+            robust.rule,
+            values.double(),
+            None if counts is None else counts.double(),
+            robust.trim_fraction,
+            robust.krum_f,
+            robust.multi_krum_m,
+        )
+        if counts is None or total_counts is None:
+            return {sum_key: total.to(values.dtype)}
+        return {sum_key: total.to(values.dtype), count_key: total_counts.to(counts.dtype)}
 
     def _alie(self, updates: torch.Tensor, malicious: list[bool]) -> tuple[torch.Tensor, float]:
         """ALIE (:func:`fedray.aggregation.attacks.alie_updates`): the malicious rows of ``updates``

@@ -53,20 +53,22 @@ def test_an_algorithm_with_four_problems_is_refused_once_naming_all_four(tmp_pat
 
 
 def test_uploads_that_privacy_and_robust_cannot_handle_are_listed_together(tmp_path):
-    """FedSC with local DP but no bound for its prototypes, and attackers (robust handles model weights only)."""
+    """FedSC with local DP but no bound for its prototypes, and a robust rule (which cannot stand in for
+    FedSC's own combination of its clients' prototypes)."""
     lines = refused(
         [
             "algorithm.name=fedsc",
             "model.name=mlp",
             "privacy.mechanism=local",
             "privacy.noise_multiplier=1.0",
-            "robust.malicious_fraction=0.3",
+            "robust.rule=median",
             "train.clients_per_round=5",
         ],
         tmp_path,
     )
     assert lines == [
-        "robust.*: fedsc uploads prototypes: robust rules and attacks handle model weights only; use an algorithm such as fedavg",
+        "robust.rule: fedsc uploads prototypes, which its server combines client by client by its own rule, which robust.rule=median "
+        "cannot stand in for; use an algorithm whose uploads are summed, such as fedavg or fedproto",
         "privacy.clip_prototypes: fedsc uploads prototypes ('prototypes'); give the L2 bound each client's is clipped to",
     ]
 

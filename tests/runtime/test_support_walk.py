@@ -54,7 +54,8 @@ REPRESENTATIVE = [
     ("fedproto", "attack_label_flip"),
     *[("ditto", key) for key in ("personalised", "fp16", "async")],
     *[("fedper", key) for key in ("median", "local_dp", "attackers")],  # a personalised split's shared part
-    *[("fedproto", key) for key in ("int8", "topk_ef")],  # its prototype sums compressed, with their residuals
+    *[("fedproto", key) for key in ("int8", "topk_ef", "median", "attackers")],  # prototypes compressed, per-class rule
+    ("scaffold", "median"),  # the rule over the control-variate deltas too
     ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
     ("hetero_ssfl", "personalised"),
 ]
