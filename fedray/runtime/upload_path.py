@@ -16,7 +16,9 @@ own ``sums["weights"] / sums["num_samples"]`` (and any server optimizer after it
   update norms, and the sum's noise multiplier is z_Δ (:mod:`fedray.privacy.mechanisms`);
 - local DP: w + Σ_k (clip(Δ_k) + N(0, (z·C)²)) / k over the k aggregated clients;
 - a robust rule: w + rule([Δ_k]) over the clients' individual deltas, which the workers then collect as
-  ``payload`` instead of summing them;
+  ``payload`` instead of summing them; an upload besides the weights that declares how
+  (``Upload.robust``: per-class sums, SCAFFOLD's Δc_i) is collected too, and its sum replaced by the
+  rule's (:func:`fedray.aggregation.robust.robust_sum`);
 - ``robust.attack: alie`` (Baruch et al., NeurIPS 2019): the deltas are collected as under a rule (with
   each client's sample count when there is none), and the server replaces the malicious clients'
   (``metrics["malicious"]``) by μ − z·σ of the benign ones before the rule or the weighted mean
