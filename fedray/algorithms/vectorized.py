@@ -21,6 +21,18 @@ The maths is the loop's (:func:`fedray.algorithms.local.local_train` with
   ``task.loss`` on the batch, as the loop does. This needs a task whose loss is the mean of its
   samples' losses (classification, regression, multilabel; not language modelling, whose mean is
   over counted tokens).
+- **BatchNorm.** Each client's running statistics (``running_mean`` and ``running_var``, in the flat
+  layout) are stacked ``[group, C]`` beside its parameters. During the group's training a BatchNorm
+  layer runs :func:`masked_batch_norm` instead of its ``forward`` (shadowed on the instance, restored
+  after): a pure function that normalises each client's batch by the mean and biased variance of
+  its real samples only (the step's sample weights as the mask, so padding weighs nothing) and
+  returns, through ``vmap``, the batch mean and the unbiased variance (``n/(n−1)``, n the real values
+  per channel: real samples × spatial positions). :func:`train_group` then updates the statistics of
+  the clients trained at that step, ``r ← (1 − momentum)·r + momentum·s``, as ``F.batch_norm`` does;
+  nothing is written in place under ``vmap``, and a client that has stopped keeps its statistics, as
+  its parameters. The worker's model's ``num_batches_tracked`` (an integer outside the flat layout,
+  read only with ``momentum=None``) advances by the group's steps, as the loop advances it. A batch
+  with one value per channel raises torch's ``ValueError``, as the loop's does.
 - **SGD.** ``g ← clip(g)`` (per client: the norm over all of that client's gradients, as
   ``clip_grad_norm_``), ``g ← g + λw``, ``b ← g`` at the first step then ``b ← μb + g``,
   ``w ← w − η b``: ``torch.optim.SGD``'s single-tensor update on stacked tensors.
@@ -29,13 +41,17 @@ Equivalence: the same maths, not the same bits. Batched kernels (``bmm`` for a s
 ``Linear`` layers, grouped convolutions for a stack of ``Conv2d``) sum in another order than the
 loop's per-client kernels, so weights differ from the loop's by float32 rounding, which SGD carries
 from step to step: ``tests/runtime/test_vectorized.py`` checks one round's uploads against the loop
-with ``rtol=1e-5, atol=1e-6``. A vectorised run is itself deterministic.
+with ``rtol=1e-5, atol=1e-6``. A BatchNorm network can amplify that rounding far more, in the loop
+itself (a batch of one real sample, many activations at ReLU's kink): its float32 test trains at a
+stable learning rate, and a float64 test shows the maths where float32 cannot. A vectorised run is
+itself deterministic.
 
 What runs as a loop instead (:func:`loop_reason`; ``train.vectorize: on`` refuses the run with that
 reason, ``auto`` trains with the loop and says so once): an algorithm that does not declare
 ``vectorizable`` (or a subclass that overrides its client step), ``train.optimizer=adam``, a task
-whose loss is not a mean over samples, and models with float buffers (BatchNorm: running
-statistics per client are not kept), dropout (the loop draws its masks from torch's global RNG,
+whose loss is not a mean over samples, and models with float buffers other than BatchNorm's running
+statistics, BatchNorm with ``momentum=None`` (a cumulative average over ``num_batches_tracked``,
+which the flat weights do not carry), dropout (the loop draws its masks from torch's global RNG,
 seeded per client), recurrent layers (``vmap`` does not batch them) or frozen parameters.
 
 **An algorithm opts in** with ``vectorizable = True`` and four pure hooks (FedAvg's are the
@@ -73,7 +89,9 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -146,19 +164,24 @@ def model_reason(model: nn.Module) -> str | None:
     label = type(model).__name__
     for name, module in model.named_modules():
         where = f" ({name})" if name else ""
-        if isinstance(module, _BatchNorm):
-            return f"model {label} has BatchNorm{where}, whose running statistics per client are not kept vectorised"
+        if isinstance(module, _BatchNorm) and module.track_running_stats and module.momentum is None:
+            return (
+                f"model {label} has BatchNorm{where} with momentum=None, a cumulative average over num_batches_tracked, "
+                "which the flat weights do not carry"
+            )
         if isinstance(module, _DropoutNd) and module.p > 0:
             return f"model {label} has dropout{where}, whose masks the loop draws from torch's global RNG, seeded per client"
         if isinstance(module, nn.RNNBase):
             return f"model {label} has a recurrent layer{where}, which torch.func.vmap does not batch"
-    buffers = [name for name, buffer in model.named_buffers() if buffer.is_floating_point()]
+    running = set(running_keys(model))
+    buffers = [name for name, buffer in model.named_buffers() if buffer.is_floating_point() and name not in running]
     if buffers:
         return f"model {label} has float buffers ({buffers[0]}), which the vectorised loop does not keep per client"
     if getattr(model, "frozen_keys", None) or not all(p.requires_grad for p in model.parameters()):
         return f"model {label} has frozen parameters (model.freeze / model.adapters)"
-    if state_keys(model) != [name for name, _ in model.named_parameters()]:
-        return f"model {label}'s flat weights are not its parameters"
+    keys = state_keys(model)
+    if len(keys) != len(set(keys)) or set(keys) != {name for name, _ in model.named_parameters()} | running:
+        return f"model {label}'s flat weights are not its parameters and BatchNorm running statistics"
     return None
 
 
@@ -253,6 +276,99 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
+# --------------------------------------------------------------------- BatchNorm
+
+
+def batch_norms(model: nn.Module) -> dict[str, _BatchNorm]:
+    """The model's BatchNorm layers by qualified name."""
+    return {name: module for name, module in model.named_modules() if isinstance(module, _BatchNorm)}
+
+
+def running_keys(model: nn.Module) -> list[str]:
+    """The flat-layout keys of the BatchNorm layers' running statistics (``running_mean``,
+    ``running_var``; ``num_batches_tracked`` is an integer buffer outside the layout)."""
+    return [
+        _buffer_key(name, buffer)
+        for name, module in batch_norms(model).items()
+        if module.track_running_stats
+        for buffer in ("running_mean", "running_var")
+    ]
+
+
+def _buffer_key(layer: str, buffer: str) -> str:
+    """The state-dict key of ``layer``'s ``buffer`` (``layer``: a qualified name, ``""`` for the model itself)."""
+    return f"{layer}.{buffer}" if layer else buffer
+
+
+class BatchNormRecorder:
+    """What the group's BatchNorm layers read and record during one client's forward pass (under
+    ``vmap``): the step's sample mask and smallest batch, and each layer's batch statistics, in call
+    order (a layer called twice updates its running statistics twice, as in the loop)."""
+
+    def __init__(self) -> None:
+        self.mask: Tensor | None = None  # [B] 1.0 at real samples, 0.0 at padding; None: every batch is full
+        self.smallest = 0
+        self.layers: list[str] = []  # the layers called, in order
+        self.stats: list[tuple[Tensor, Tensor]] = []  # their batch means and unbiased batch variances
+
+
+def masked_batch_norm(module: _BatchNorm, name: str, recorder: BatchNormRecorder, x: Tensor) -> Tensor:
+    """``module``'s training-mode forward on one client's batch ``x`` ``[B, C, ...]``, as a pure
+    function: normalised by the statistics of the real samples only (``recorder.mask``; padding has
+    no weight in them and its outputs have no weight in the loss), with the biased variance, as
+    ``F.batch_norm``; the batch mean and the unbiased variance (``n/(n−1)``, n the real values per
+    channel) are recorded for the running statistics, which :func:`train_group` updates outside the
+    forward pass. The module's own buffers are neither read nor written."""
+    channels, spatial = x.shape[1], math.prod(x.shape[2:])
+    dims = (0, *range(2, x.dim()))
+    shape = (1, channels) + (1,) * (x.dim() - 2)
+    if (x.shape[0] if recorder.mask is None else recorder.smallest) * spatial <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {torch.Size([1, *x.shape[1:]])}")
+    if recorder.mask is None:
+        count: Tensor | float = float(x.shape[0] * spatial)
+        mean = x.mean(dims)
+        centred = x - mean.view(shape)
+        variance = (centred * centred).mean(dims)
+    else:
+        mask = recorder.mask.view(-1, *([1] * (x.dim() - 1)))
+        count = recorder.mask.sum() * spatial
+        mean = (x * mask).sum(dims) / count
+        centred = x - mean.view(shape)
+        variance = (centred * centred * mask).sum(dims) / count
+    out = centred * torch.rsqrt(variance + module.eps).view(shape)
+    if module.weight is not None:
+        out = out * module.weight.view(shape) + module.bias.view(shape)
+    if module.track_running_stats:
+        recorder.layers.append(name)
+        recorder.stats.append((mean.detach(), (variance * (count / (count - 1))).detach()))
+    return out
+
+
+@contextmanager
+def functional_batch_norms(model: nn.Module, recorder: BatchNormRecorder) -> Iterator[dict[str, _BatchNorm]]:
+    """Within the block, ``model``'s BatchNorm layers run :func:`masked_batch_norm` (their
+    ``forward`` shadowed on the instance, restored after)."""
+    modules = batch_norms(model)
+    try:
+        for name, module in modules.items():
+            module.forward = partial(masked_batch_norm, module, name, recorder)  # type: ignore[method-assign]
+        yield modules
+    finally:
+        for module in modules.values():
+            vars(module).pop("forward", None)
+
+
+def update_running_stats(
+    running: dict[str, Tensor], layers: list[str], stats: list[tuple[Tensor, Tensor]], modules: dict[str, _BatchNorm], active: int
+) -> None:
+    """``r ← (1 − momentum)·r + momentum·s`` for the first ``active`` clients (the others have stopped),
+    the mean and the unbiased variance of each recorded batch, as ``F.batch_norm`` updates them."""
+    for name, (mean, variance) in zip(layers, stats, strict=True):
+        momentum = modules[name].momentum
+        for key, value in ((_buffer_key(name, "running_mean"), mean), (_buffer_key(name, "running_var"), variance)):
+            running[key][:active] = momentum * value + (1 - momentum) * running[key][:active]
+
+
 # --------------------------------------------------------------------- training
 
 
@@ -265,6 +381,7 @@ class Step:
     y: Tensor  # [A, B, ...]
     weights: Tensor  # [A, B] float32: 1/n_real at real samples, 0 at padding
     full: bool  # every batch of the step is full
+    smallest: int = 0  # the smallest n_real of the step (BatchNorm needs more than 1 value per channel)
 
 
 def _steps_from_batches(contexts: list[ClientContext], counts: list[int], batch_size: int, device: torch.device) -> Iterator[Step]:
@@ -317,21 +434,25 @@ def _step(x: Tensor, y: Tensor, sizes: list[int], batch_size: int, device: torch
     sizes_t = torch.tensor(sizes, dtype=torch.float32)
     real = torch.arange(batch_size, dtype=torch.float32)[None, :] < sizes_t[:, None]
     weights = torch.where(real, 1.0 / sizes_t[:, None], 0.0)
-    return Step(x, y, weights.to(device), all(size == batch_size for size in sizes))
+    return Step(x, y, weights.to(device), all(size == batch_size for size in sizes), min(sizes))
 
 
-def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """One client's ``(loss, terms)`` of a batch as a function of its parameters, which ``vmap``
-    maps over the group."""
+def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool, recorder: BatchNormRecorder) -> Callable[..., Any]:
+    """One client's ``(loss, terms, batch-norm statistics)`` of a batch as a function of its
+    parameters, which ``vmap`` maps over the group."""
     task = algorithm.task
 
     def sample_loss(output: Tensor, target: Tensor) -> Tensor:
         return task.loss(output.unsqueeze(0), target.unsqueeze(0))
 
     def objective(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor, start: dict[str, Tensor], inputs: dict[str, Tensor]):
+        recorder.mask = (w > 0).to(x.dtype) if weighted else None
+        recorder.layers, recorder.stats = [], []
         output = functional_call(model, params, (x,))
+        stats, recorder.stats = recorder.stats, []  # returned through vmap: [A, C] each
         base = (vmap(sample_loss)(output, y) * w).sum() if weighted else task.loss(output, y)
-        return algorithm.vectorized_loss(base, params, start, inputs)  # type: ignore[attr-defined]
+        loss, terms = algorithm.vectorized_loss(base, params, start, inputs)  # type: ignore[attr-defined]
+        return loss, terms, stats
 
     return objective
 
@@ -361,56 +482,67 @@ def train_group(algorithm: Algorithm, contexts: list[ClientContext], broadcast: 
     group, batch_size = len(ordered), train.batch_size
     model.train()
     names = [name for name, _ in model.named_parameters()]
+    keys, state = state_keys(model), model.state_dict(keep_vars=True)
     start_flat = algorithm.vectorized_start(broadcast).to(device)  # type: ignore[attr-defined]
-    offset, start = 0, {}
-    for name, parameter in model.named_parameters():
-        start[name] = start_flat[offset : offset + parameter.numel()].view_as(parameter)
-        offset += parameter.numel()
+    offset, entries = 0, {}
+    for key in keys:  # the flat layout: parameters and BatchNorm running statistics
+        entries[key] = start_flat[offset : offset + state[key].numel()].view(state[key].shape)
+        offset += state[key].numel()
+    start = {name: entries[name] for name in names}
     params = {name: value.unsqueeze(0).repeat(group, *([1] * value.dim())) for name, value in start.items()}
+    running = {key: entries[key].unsqueeze(0).repeat(group, 1) for key in running_keys(model)}  # [group, C] per client
     per_client = [algorithm.vectorized_inputs(ctx, broadcast) for ctx in ordered]  # type: ignore[attr-defined]
     inputs = {key: torch.stack([values[key] for values in per_client]) for key in per_client[0]}
     counts = [num_steps(ctx) for ctx in ordered]
     identity = first.augment is get_augmentation("none")
     steps = (_steps_from_indices if identity else _steps_from_batches)(ordered, counts, batch_size, device)
-    functions = {weighted: vmap(_objective(algorithm, model, weighted), in_dims=(0, 0, 0, 0, None, 0)) for weighted in (False, True)}
+    recorder = BatchNormRecorder()
+    functions = {
+        weighted: vmap(_objective(algorithm, model, weighted, recorder), in_dims=(0, 0, 0, 0, None, 0)) for weighted in (False, True)
+    }
     momentum: dict[str, Tensor] = {}
     totals: dict[str, Tensor] = {}
-    for t, step in enumerate(steps):
-        active = step.x.shape[0]
-        current = {name: value[:active] for name, value in params.items()}
-        leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
-        own = {key: value[:active] for key, value in inputs.items()}
-        loss, terms = functions[not step.full](leaves, step.x, step.y, step.weights, start, own)
-        # Σ_k loss_k: client k's loss depends on its own slice of the stacked parameters only, so
-        # one backward pass gives every client its own gradient. Plain autograd, not torch.func.grad,
-        # whose first call imports torch._dynamo (seconds per process; see ClientSGD).
-        found = torch.autograd.grad(loss.sum(), [leaves[name] for name in names], allow_unused=True)
-        grads = {name: grad for name, grad in zip(names, found) if grad is not None}  # the loop skips those without one
-        loss, terms = loss.detach(), {term: value.detach() for term, value in terms.items()}
-        with torch.no_grad():
-            if train.grad_clip is not None and grads:  # clip_grad_norm_ per client
-                norms = torch.stack([torch.linalg.vector_norm(grad.reshape(active, -1), dim=1) for grad in grads.values()], dim=1)
-                coefficient = torch.clamp(train.grad_clip / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
-                grads = {name: grad * _per_client(coefficient, grad) for name, grad in grads.items()}
-            for name, g in grads.items():  # torch.optim.SGD's single-tensor step (ClientSGD)
-                p = current[name]
-                if train.weight_decay != 0:
-                    g = g.add(p, alpha=train.weight_decay)
-                if train.momentum != 0:
-                    if name not in momentum:  # the first step with a gradient: the buffer is the gradient
-                        momentum[name] = torch.zeros_like(params[name])
-                        momentum[name][:active] = g
+    with functional_batch_norms(model, recorder) as layers:
+        for t, step in enumerate(steps):
+            active = step.x.shape[0]
+            current = {name: value[:active] for name, value in params.items()}
+            leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
+            own = {key: value[:active] for key, value in inputs.items()}
+            recorder.smallest = step.smallest
+            loss, terms, stats = functions[not step.full](leaves, step.x, step.y, step.weights, start, own)
+            # Σ_k loss_k: client k's loss depends on its own slice of the stacked parameters only, so
+            # one backward pass gives every client its own gradient. Plain autograd, not torch.func.grad,
+            # whose first call imports torch._dynamo (seconds per process; see ClientSGD).
+            found = torch.autograd.grad(loss.sum(), [leaves[name] for name in names], allow_unused=True)
+            grads = {name: grad for name, grad in zip(names, found) if grad is not None}  # the loop skips those without one
+            loss, terms = loss.detach(), {term: value.detach() for term, value in terms.items()}
+            with torch.no_grad():
+                if train.grad_clip is not None and grads:  # clip_grad_norm_ per client
+                    norms = torch.stack([torch.linalg.vector_norm(grad.reshape(active, -1), dim=1) for grad in grads.values()], dim=1)
+                    coefficient = torch.clamp(train.grad_clip / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
+                    grads = {name: grad * _per_client(coefficient, grad) for name, grad in grads.items()}
+                for name, g in grads.items():  # torch.optim.SGD's single-tensor step (ClientSGD)
+                    p = current[name]
+                    if train.weight_decay != 0:
+                        g = g.add(p, alpha=train.weight_decay)
+                    if train.momentum != 0:
+                        if name not in momentum:  # the first step with a gradient: the buffer is the gradient
+                            momentum[name] = torch.zeros_like(params[name])
+                            momentum[name][:active] = g
+                        else:
+                            momentum[name][:active].mul_(train.momentum).add_(g)
+                        g = momentum[name][:active]
+                    p.add_(g, alpha=-lr)  # in place: `current` holds views of `params`
+                update_running_stats(running, recorder.layers, stats, layers, active)
+                for term, value in {"train_loss": loss, **terms}.items():
+                    if t == 0:
+                        totals[term] = value.clone()
                     else:
-                        momentum[name][:active].mul_(train.momentum).add_(g)
-                    g = momentum[name][:active]
-                p.add_(g, alpha=-lr)  # in place: `current` holds views of `params`
-            for term, value in {"train_loss": loss, **terms}.items():
-                if t == 0:
-                    totals[term] = value.clone()
-                else:
-                    totals[term][:active] += value
-    keys = state_keys(model)
-    flat = torch.cat([params[key].reshape(group, -1) for key in keys], dim=1)
+                        totals[term][:active] += value
+    for module in layers.values():  # the loop's side effect on the worker's model: one count a step of each client
+        if module.num_batches_tracked is not None:
+            module.num_batches_tracked.add_(sum(counts))
+    flat = torch.cat([{**params, **running}[key].reshape(group, -1) for key in keys], dim=1)
     totals = {term: total.cpu() for term, total in totals.items()}  # one device sync a term, not one a client
     updates: list[ClientUpdate | None] = [None] * group
     for position, k in enumerate(order):
