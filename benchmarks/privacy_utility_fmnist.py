@@ -15,8 +15,7 @@ Clip bounds: ``privacy.clip`` for the weights' delta and each algorithm's bound 
 the median norm of its non-private updates (``--norms`` measures them: a deployment would have to pay
 privacy for that measurement, or take the bounds from public data).
 
-Seeds: seed 0 for every cell; seeds 1 and 2 for ε ∈ {4, ∞} of every algorithm (then ε = 1 and 8 where
-run), so that each algorithm's loss to DP is a paired difference over seeds (the same seed gives both
+Seeds: 0, 1 and 2 for every cell (seeds 1 and 2 of ε ∈ {4, ∞} first, then ε = 1 and 8), so that each algorithm's loss to DP is a paired difference over seeds (the same seed gives both
 cells the same data split, cohorts, data order and initial weights) with Student's t 95 % interval.
 
 Resumable: each finished cell is appended to ``docs/results/privacy_utility_fmnist.csv`` (with its
