@@ -57,11 +57,11 @@ REPRESENTATIVE = [
     ("fedper", "median"),  # a personalised split's shared part
     *[("fedproto", key) for key in ("topk_ef", "median")],  # prototypes compressed with their residuals, the per-class rule
     ("scaffold", "median"),  # the rule over the control-variate deltas too
-    ("fedavg_byol", "personalised"),  # heavy (BYOL's 4096-wide heads, the linear probe): once
+    ("fedavg_byol", "personalised"),  # heavy (the linear probe at each evaluation): once
     ("hetero_ssfl", "personalised"),
 ]
 RULES = [feature.key for feature in FEATURES if any(key.startswith("robust.rule=") for key in feature.overrides)]
-#: Self-supervised algorithms with BYOL's 4096-wide heads and a linear probe at each evaluation, and
+#: Self-supervised algorithms with a linear probe at each evaluation, and
 #: Hetero-SSFL's per-client probes: seconds to tens of seconds a run, so their supported cells run once
 HEAVY = ("fedavg_byol", "fedema", "fedu", "hetero_ssfl")
 WALKED = sorted(
