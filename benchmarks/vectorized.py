@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,10 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
+# machine() and the raw-output helpers live in raw_output.py, which w1_overhead.py (imported below) can
+# import too; raw_arguments, raw_report and write_raw are imported here for the benchmarks that take them
+# from this module.
+from raw_output import machine, raw_arguments, raw_report, write_raw  # noqa: E402, F401
 from w1_overhead import W1, RoundClock, steady  # noqa: E402
 
 from fedray import load_config  # noqa: E402
@@ -174,27 +176,6 @@ def compare(overrides: list[str], repeats: int, scratch: str, label: str = "") -
         **sides,
         "ratio": sides["vectorized"]["updates_per_s"] / sides["loop"]["updates_per_s"],
         "ratio_cpu": sides["vectorized"]["updates_per_cpu_s"] / sides["loop"]["updates_per_cpu_s"],
-    }
-
-
-def machine() -> dict:
-    """Provenance for a raw JSON. ``FEDRAY_COMMIT``, where set, names the commit (a copy of the tree on
-    a GPU host may carry no ``.git``, or a stale one), and whether the tree was modified is then unknown
-    (None); otherwise git says both."""
-    named = os.environ.get("FEDRAY_COMMIT")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout
-    from_git = not named and head.returncode == 0
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": head.stdout.strip() if from_git else named or "",
-        "working_tree_modified": bool(dirty.strip()) if from_git else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
 
 

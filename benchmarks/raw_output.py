@@ -1,0 +1,80 @@
+"""A benchmark's raw output in ``docs/results/raw/``: its provenance (:func:`machine`: commit, versions,
+machine, date, load), its command line, and ``--json`` / ``--table`` to write it and to render its
+Markdown table from it again (``benchmarks/results_tables.py`` checks docs/benchmarks.md's generated
+tables against those files). It imports no other benchmark, so that every script can use it:
+w1_overhead.py too, which vectorized.py imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+#: Where the committed raw output of docs/benchmarks.md's generated tables lies.
+RAW = REPO / "docs" / "results" / "raw"
+
+
+def machine() -> dict:
+    """Provenance for a raw JSON. ``FEDRAY_COMMIT``, where set, names the commit (a copy of the tree on
+    a GPU host may carry no ``.git``, or a stale one), and whether the tree was modified is then unknown
+    (None); otherwise git says both."""
+    named = os.environ.get("FEDRAY_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout
+    from_git = not named and head.returncode == 0
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": head.stdout.strip() if from_git else named or "",
+        "working_tree_modified": bool(dirty.strip()) if from_git else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def raw_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
+    """A raw-output benchmark's ``--json FILE`` (default ``default``) and ``--table`` (print the
+    Markdown table of ``--json`` and measure nothing)."""
+    parser.add_argument("--json", type=Path, default=default, help=f"raw output (default {default.relative_to(REPO)})")
+    parser.add_argument("--table", action="store_true", help="print the Markdown table of --json and measure nothing")
+
+
+def raw_report(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """The start of a benchmark's raw JSON, taken before it measures: :func:`machine`'s provenance, the
+    command line as given (``argv``, or this process's) and every argument's value, defaults included."""
+    values = {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()}
+    return {**machine(), "argv": list(sys.argv[1:] if argv is None else argv), "args": values}
+
+
+def write_raw(path: Path, report: dict) -> None:
+    """Writes ``report`` (begun by :func:`raw_report`) to ``path`` as indented JSON, with the load
+    average at the end."""
+    report["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def read_raw(path: Path) -> dict:
+    """A raw JSON written by :func:`write_raw`."""
+    return json.loads(path.read_text())
+
+
+def median_cell(values: Sequence[float], decimals: int, scale: float = 1.0, unit: str = "") -> str:
+    """A table cell for repeated measurements: their median × ``scale`` to ``decimals`` places, then
+    ``unit``, then the range (min–max) in brackets when there is more than one."""
+    low, middle, high = (f"{scale * value:.{decimals}f}" for value in (min(values), statistics.median(values), max(values)))
+    return f"{middle}{unit}" + (f" ({low}–{high})" if len(values) > 1 else "")
