@@ -526,9 +526,12 @@ class LocalService:
 
 
 def _head_system_config(num_cpus: int, warm_workers: int) -> dict[str, Any]:
+    """:func:`~fedray.runtime.ray_start.worker_system_config`, and no workers prestarted for the head's
+    first driver: Ray would boot one per CPU when the first run joins, beside the warm workers its
+    actors take, and their imports took the CPU of that run's first rounds (benchmarks/service_idle_cost.py)."""
     from fedray.runtime.ray_start import worker_system_config
 
-    return worker_system_config(max(num_cpus, warm_workers) + 1)
+    return {**worker_system_config(max(num_cpus, warm_workers) + 1), "prestart_worker_first_driver": False}
 
 
 def worker_processes(head_pid: int) -> dict[str, int]:

@@ -15,10 +15,23 @@ from pathlib import Path
 import pytest
 
 from fedray.runtime.processes import is_running, process_start_time, process_tree
-from fedray.runtime.service import STATE_FILE, ServiceState
-from service_helpers import LOOPBACK, SMALL_RUN, command_of, fedray, head_processes, listening_sockets, wait_until
+from fedray.runtime.service import STATE_FILE, ServiceState, worker_processes
+from service_helpers import LOOPBACK, SMALL_RUN, command_of, environment, fedray, head_processes, listening_sockets, wait_until
 
 pytestmark = pytest.mark.xdist_group("ray_heads")  # one worker starts these Ray heads, one at a time (pytest -n)
+
+#: A driver that joins the service of the state file argv[1], waits 3 s, and prints the head's worker processes by state.
+JOIN_AND_COUNT_WORKERS = """
+import json, sys, time
+from pathlib import Path
+import ray
+from fedray.runtime.service import ServiceState, connect_environment, worker_processes
+state = ServiceState.read(Path(sys.argv[1]))
+connect_environment(state)
+ray.init(address=state.ray_address, logging_level="ERROR")
+time.sleep(3)
+print(json.dumps(worker_processes(state.head_pid)))
+"""
 
 
 def driver_node_id(run_dir: Path) -> str:
@@ -68,6 +81,21 @@ def test_up_run_uses_the_service_and_down_stops_exactly_it(tmp_path):
             assert [entry for entry in listening if entry[0] not in LOOPBACK] == []
             time.sleep(2)
         assert any(port == int(state.ray_address.rsplit(":", 1)[1]) for _, port, _ in listening)  # the GCS is among them
+
+        # No idle cost: a driver that joins makes Ray start no worker beyond the service's warm ones, which
+        # its actors take (Ray prestarts a worker per CPU for a head's first driver, unless told not to;
+        # booting beside the first run's actors, they took its first rounds' CPU)
+        warm = state.num_cpus + 1  # fedray up's default --warm-workers
+        assert wait_until(lambda: worker_processes(state.head_pid) == {"booting": 0, "idle": warm, "busy": 0}, 300)
+        joined = subprocess.run(
+            [sys.executable, "-c", JOIN_AND_COUNT_WORKERS, str(service_dir / STATE_FILE)],
+            env=environment(service_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert joined.returncode == 0, joined.stderr[-3000:]
+        assert json.loads(joined.stdout) == {"booting": 0, "idle": warm, "busy": 0}
 
         runs = [fedray("run", *SMALL_RUN, "--set", "resources.num_workers=2", cwd=tmp_path, service_dir=service_dir) for _ in range(2)]
         for result in runs:
