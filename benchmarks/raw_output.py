@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -53,6 +53,15 @@ def raw_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
     parser.add_argument("--table", action="store_true", help="print the Markdown table of --json and measure nothing")
 
 
+def raw_parser(description: str, default: Path, each: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark that measures its sides ``--repeats`` times (runs of each ``each``), with
+    :func:`raw_arguments`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help=f"runs of each {each} (median reported; default 3)")
+    raw_arguments(parser, default)
+    return parser
+
+
 def raw_report(args: argparse.Namespace, argv: list[str] | None) -> dict:
     """The start of a benchmark's raw JSON, taken before it measures: :func:`machine`'s provenance, the
     command line as given (``argv``, or this process's) and every argument's value, defaults included."""
@@ -73,8 +82,27 @@ def read_raw(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def measure_or_render(
+    parser: argparse.ArgumentParser, argv: list[str] | None, measure: Callable[[argparse.Namespace], dict], table: Callable[[dict], str]
+) -> dict | None:
+    """The ``main`` of a benchmark whose parser has :func:`raw_arguments`: with ``--table``, prints
+    ``table`` of the raw JSON ``--json`` and returns None; otherwise measures (``measure(args)`` gives
+    the report's entries beside its provenance), writes the raw JSON to ``--json``, prints its table
+    and returns the report."""
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(read_raw(args.json)))
+        return None
+    report = raw_report(args, argv)
+    report.update(measure(args))
+    write_raw(args.json, report)
+    print(table(report))
+    print(f"raw output in {args.json}")
+    return report
+
+
 def median_cell(values: Sequence[float], decimals: int, scale: float = 1.0, unit: str = "") -> str:
     """A table cell for repeated measurements: their median × ``scale`` to ``decimals`` places, then
-    ``unit``, then the range (min–max) in brackets when there is more than one."""
+    ``unit``, then the range (min–max) in brackets where it shows (not for one value, nor for equal ones)."""
     low, middle, high = (f"{scale * value:.{decimals}f}" for value in (min(values), statistics.median(values), max(values)))
-    return f"{middle}{unit}" + (f" ({low}–{high})" if len(values) > 1 else "")
+    return f"{middle}{unit}" + (f" ({low}–{high})" if low != high else "")
