@@ -642,13 +642,17 @@ def summary_lines(results: list[dict[str, str]], seeds_wanted: int) -> list[str]
     """The summary page's short tables: one row per algorithm (best first, by its first setting), each cell the
     mean ± std over seeds of the group's ``summary`` value (:func:`cell`); the best cell of a column
     among those with every seed is bold."""
-    planned_count = len(planned(list(GROUPS), None, list(range(seeds_wanted))))
+    wanted = set(planned(list(GROUPS), None, list(range(seeds_wanted))))
+    finished = {(r["group"], r["algorithm"], r["setting"], int(r["seed"])) for r in results}
     done = (
-        f"All {planned_count} entries have finished"
-        if len(results) == planned_count
-        else f"{len(results)} of {planned_count} entries have finished; a cell marked (1/{seeds_wanted} seeds) "
-        "has not run on every seed yet"
+        f"All {len(wanted)} entries of {seeds_wanted} seeds have finished"
+        if wanted <= finished
+        else f"{len(wanted & finished)} of {len(wanted)} entries of {seeds_wanted} seeds have finished; a cell marked "
+        f"(1/{seeds_wanted} seeds) has not run on every seed yet"
     )
+    more_seeds = len(finished - wanted)
+    if more_seeds:
+        done += f", and {entries(more_seeds)} of further seeds"
     lines = [
         f"{done}; † marks a seed run at a lower learning rate than its tuned one. ± is the standard deviation over "
         "the seeds with divisor n (for 2 seeds: half their gap)."
