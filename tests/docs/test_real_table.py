@@ -230,14 +230,18 @@ def test_the_summary_ranks_every_algorithm_and_bolds_the_best_with_every_seed():
     ]
     lines = real_table.summary_lines(results, seeds_wanted=2)
     planned = len(real_table.planned(list(real_table.GROUPS), None, [0, 1]))
-    assert lines[0].startswith(f"6 of {planned} entries have finished; a cell marked (1/2 seeds) has not run")
+    assert lines[0].startswith(f"6 of {planned} entries of 2 seeds have finished; a cell marked (1/2 seeds) has not run")
     everything = [
         {**entry(algorithm, setting, seed, 0.8), "group": group, "final": 0.8}
         for group, algorithm, setting, seed in real_table.planned(list(real_table.GROUPS), None, [0, 1])
     ]
     assert real_table.summary_lines(everything, seeds_wanted=2)[0] == (
-        f"All {planned} entries have finished; † marks a seed run at a lower learning rate than its tuned one. ± is the "
+        f"All {planned} entries of 2 seeds have finished; † marks a seed run at a lower learning rate than its tuned one. ± is the "
         "standard deviation over the seeds with divisor n (for 2 seeds: half their gap)."
+    )
+    third_seed = [*everything, {**entry("fedavg", "dir0.1", 2, 0.8), "group": "global", "final": 0.8}]
+    assert real_table.summary_lines(third_seed, seeds_wanted=2)[0].startswith(
+        f"All {planned} entries of 2 seeds have finished, and 1 entry of further seeds; "
     )
     header = next(i for i, line in enumerate(lines) if line.startswith("| global model"))
     global_rows = lines[header + 2 : lines.index("", header)]
@@ -278,7 +282,7 @@ def test_the_report_writes_the_summary_into_a_docs_page_and_keeps_its_prose(tmp_
     assert text.startswith("# At a glance\n\nprose before\n\n" + start + "\n")
     assert text.endswith(end + "\n\nprose after\n") and "stale table" not in text
     planned = len(real_table.planned(list(real_table.GROUPS), None, [0, 1]))
-    assert f"0 of {planned} entries have finished" in text
+    assert f"0 of {planned} entries of 2 seeds have finished" in text
     assert "| FedAvg | pending | pending |" in text
     assert real_table.TABLE_START in out.read_text() and out.with_suffix(".png").is_file()
     page.unlink()
