@@ -44,10 +44,9 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-# machine() and the raw-output helpers live in raw_output.py, which w1_overhead.py (imported below) can
-# import too; raw_arguments, raw_report and write_raw are imported here for the benchmarks that take them
-# from this module.
-from raw_output import machine, raw_arguments, raw_report, write_raw  # noqa: E402, F401
+# machine() lives in raw_output.py, which w1_overhead.py (imported below) can import too; the benchmarks
+# that take it from this module get it from there.
+from raw_output import machine  # noqa: E402
 from w1_overhead import W1, RoundClock, steady  # noqa: E402
 
 from fedray import load_config  # noqa: E402
