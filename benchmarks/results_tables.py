@@ -6,7 +6,9 @@ again by that script's own function from the raw file it wrote next to the page 
 per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
 cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
-tables, ``gpu_check.py``'s H200 invocations). The prose around a part is kept. Every other table of
+tables, ``gpu_check.py``'s H200 invocations, and each timing script's ``--table``: w1_overhead, startup,
+config_errors, user_model, service_idle_cost, parallel_efficiency, sweep_throughput, long_run, scale,
+client_state_scale, suite_time). The prose around a part is kept. Every other table of
 those pages is in ``NOT_GENERATED`` with the reason it is not regenerated here (docs/benchmarks.md's, one
 by one, in docs/benchmarks_provenance.md), and a page with a table in neither fails the check::
 
@@ -30,15 +32,26 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+import client_state_scale
 import compression_table
+import config_errors
 import digits_table
 import gpu_check
+import long_run
 import modalities_table
+import parallel_efficiency
 import privacy_utility_fmnist
 import real_table
+import scale
 import secagg_dp_table
+import service_idle_cost
+import startup
+import suite_time
+import sweep_throughput
 import tasks_table
 import threats_table
+import user_model
+import w1_overhead
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -192,6 +205,35 @@ TABLES = [
         ("raw/tasks_cpu.json",), "tasks_table.py --table", lambda reports: tasks_table.table(*reports), tasks_table.START, tasks_table.END
     ),
     json_table(gpu_check.H200_RAW, "gpu_check.py --report", gpu_check.invocations_table, gpu_check.H200_START, gpu_check.H200_END),
+    *(
+        json_table((f"raw/{raw}.json",), f"{script}.py --table", lambda reports, render=render: render(*reports), start, end)
+        for raw, script, render, start, end in [
+            ("w1_overhead", "w1_overhead", w1_overhead.steady_table, w1_overhead.STEADY_START, w1_overhead.STEADY_END),
+            ("w1_overhead", "w1_overhead", w1_overhead.backends_table, w1_overhead.BACKENDS_START, w1_overhead.BACKENDS_END),
+            *(
+                (module.__name__, module.__name__, module.table, module.START, module.END)
+                for module in (
+                    service_idle_cost,
+                    user_model,
+                    startup,
+                    config_errors,
+                    parallel_efficiency,
+                    sweep_throughput,
+                    long_run,
+                    scale,
+                    client_state_scale,
+                    suite_time,
+                )
+            ),
+            (
+                "service_idle_cost_before",
+                "service_idle_cost",
+                service_idle_cost.table,
+                service_idle_cost.BEFORE_START,
+                service_idle_cost.BEFORE_END,
+            ),
+        ]
+    ),
 ]
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
@@ -206,9 +248,9 @@ NOT_GENERATED: dict[str, tuple[int, str]] = {
         "from the CSVs (fmnist_tuning, fmnist_fedskc_sweep, fmnist_paper_optimiser, ...) and from run folders",
     ),
     BENCHMARKS: (
-        11,
-        "timings measured before raw output was kept (the scripts' --json went to the git-ignored benchmarks/results/) "
-        "and the test suite's times, from pytest's output: each one's command in docs/benchmarks_provenance.md",
+        4,
+        "the peers' two tables and the two H100 tables, measured before raw output was kept (the scripts' --json went "
+        "to the git-ignored benchmarks/results/); each one's command in docs/benchmarks_provenance.md",
     ),
 }
 

@@ -20,7 +20,8 @@ FAST = [table for table in results_tables.TABLES if table.page not in SLOW_PAGES
 BASELINES = next(table for table in results_tables.TABLES if table.page == "baselines.md")
 PRIVACY = next(table for table in results_tables.TABLES if table.page == "privacy_utility_fmnist.md")
 COMPRESSION = next(table for table in results_tables.TABLES if table.page == "compression.md")
-TASKS, H200 = (table for table in results_tables.TABLES if table.page == results_tables.BENCHMARKS)
+TASKS = next(table for table in results_tables.TABLES if table.script == "tasks_table.py --table")
+H200 = next(table for table in results_tables.TABLES if table.script == "gpu_check.py --report")
 
 
 @pytest.mark.parametrize(
@@ -121,8 +122,9 @@ def test_a_table_added_by_hand_to_the_benchmarks_page_must_be_listed(results):
         "## The test suite's time\n",
         "## The test suite's time\n\n| a |\n|---|\n",
     )
+    listed, _ = results_tables.NOT_GENERATED[results_tables.BENCHMARKS]
     assert results_tables.unaccounted(results) == [
-        "../benchmarks.md: 12 tables outside its generated part, 11 listed in NOT_GENERATED "
+        f"../benchmarks.md: {listed + 1} tables outside its generated part, {listed} listed in NOT_GENERATED "
         "(register a generated table in TABLES, or list a hand-written one with its reason)"
     ]
 

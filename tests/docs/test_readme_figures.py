@@ -1,0 +1,33 @@
+"""The README's measured figures are the committed raw files' (docs/results/raw/): each sentence that
+quotes a benchmark is checked against the value its script computes from the file, so a re-measured
+file with different figures fails here until the README says the new ones."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RAW = REPO / "docs" / "results" / "raw"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import w1_overhead  # noqa: E402
+
+
+def readme() -> str:
+    return " ".join((REPO / "README.md").read_text().split())  # one line: the sentences wrap anywhere
+
+
+def test_the_steady_state_ratio_is_the_raw_files():
+    ratios = w1_overhead.over_plain(json.loads((RAW / "w1_overhead.json").read_text()), "ray2", "steady_round_s")
+    median, low, high = (f"{value:.2f}" for value in (statistics.median(ratios), min(ratios), max(ratios)))
+    assert f"round with two workers costs {median}× as much on two cores" in readme()
+    assert f"median of 3 paired runs, {low}–{high}" in readme()
+
+
+def test_the_fractional_gpu_ratio_is_the_raw_files():
+    sides = json.loads((RAW / "gpu_check_h200.json").read_text())["w3"]["cnn_cifar"]
+    [four] = [side for side in sides if side["workers"] == 4]
+    assert f"four workers sharing one H200 trained {four['vs_plain']:.2f}× as many client updates per second" in readme()
