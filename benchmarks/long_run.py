@@ -21,7 +21,7 @@ time and each RSS sample) goes to ``docs/results/raw/long_run.json`` (``--json F
 first table of docs/benchmarks.md's "Long runs and scale in registered clients" (between :data:`START`
 and :data:`END`) is :func:`table` of that file, printed by ``--table``::
 
-    nice -n 10 python benchmarks/long_run.py            # 200 rounds x 1,000 clients (about 9 minutes on 2 cores)
+    nice -n 10 python benchmarks/long_run.py            # 200 rounds x 1,000 clients (about 6 minutes on 2 idle cores)
     python benchmarks/long_run.py --table               # the Markdown table from the JSON
     nice -n 10 python benchmarks/long_run.py --rounds 1000 --window 100 --json FILE   # 1,001,000 rows (~40 minutes)
 """
