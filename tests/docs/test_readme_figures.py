@@ -31,3 +31,16 @@ def test_the_fractional_gpu_ratio_is_the_raw_files():
     sides = json.loads((RAW / "gpu_check_h200.json").read_text())["w3"]["cnn_cifar"]
     [four] = [side for side in sides if side["workers"] == 4]
     assert f"four workers sharing one H200 trained {four['vs_plain']:.2f}× as many client updates per second" in readme()
+
+
+def test_the_vectorised_h200_figures_are_the_raw_files():
+    invocations = [json.loads((RAW / name).read_text())["vectorized"] for name in ("gpu_check_h200.json", "gpu_check_h200_cohorts.json")]
+    ratios = [invocation["w3/cnn_cifar"]["ratio"] for invocation in invocations]
+    cohorts = [
+        entry["vectorized"]["updates_per_s"]
+        for invocation in invocations
+        for workload, entry in invocation.items()
+        if workload.startswith("w3_cohort")
+    ]
+    assert f"it trained {min(ratios):.1f}–{max(ratios):.1f}× the loop's client updates per second" in readme()
+    assert f"and {min(cohorts):,.0f}–{max(cohorts):,.0f} a second with cohorts of 200 and 1,000" in readme()
