@@ -52,6 +52,7 @@ import tasks_table
 import threats_table
 import user_model
 import w1_overhead
+from peers import run_peers
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -225,6 +226,7 @@ TABLES = [
                     suite_time,
                 )
             ),
+            ("peers", "peers/run_peers", run_peers.table, run_peers.START, run_peers.END),
             (
                 "service_idle_cost_before",
                 "service_idle_cost",
@@ -248,9 +250,9 @@ NOT_GENERATED: dict[str, tuple[int, str]] = {
         "from the CSVs (fmnist_tuning, fmnist_fedskc_sweep, fmnist_paper_optimiser, ...) and from run folders",
     ),
     BENCHMARKS: (
-        4,
-        "the peers' two tables and the two H100 tables, measured before raw output was kept (the scripts' --json went "
-        "to the git-ignored benchmarks/results/); each one's command in docs/benchmarks_provenance.md",
+        2,
+        "the two H100 tables, measured before raw output was kept (gpu_check.py's --json went to the git-ignored "
+        "benchmarks/results/); their command in docs/benchmarks_provenance.md",
     ),
 }
 
