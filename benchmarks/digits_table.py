@@ -13,7 +13,8 @@ Usage (one Ray instance serves every run)::
         --set data.client_test_fraction=0.25 --set eval.personalized=true --out docs/results/fedcosr.md
 
 Writes a Markdown table (mean ± std over seeds of the final and best value of ``--metric``), the raw
-per-run rows as ``<out>.csv`` and the learning curves as ``<out>.png``. ``--also METRIC ...`` adds, for
+per-run rows as ``<out>.csv`` and the learning curves as ``<out>.png`` (an ``--out`` ending in ``.csv``:
+the per-run rows only, for a table rendered elsewhere, e.g. ``digits_summaries.py``'s). ``--also METRIC ...`` adds, for
 each named metric, its mean over seeds at the final round and at the round where ``--metric`` was
 best (e.g. ``--also personal_accuracy_std``, the fairness of a personalised run).
 """
@@ -91,6 +92,17 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return results, also
 
 
+def spread_cell(values: Sequence[float]) -> str:
+    """A table cell of fractions ``values`` (one per seed): their mean ± std (divisor n), in percent."""
+    percent = 100 * np.array(values)
+    return f"{percent.mean():.2f} ± {percent.std():.2f}"
+
+
+def mean_cell(values: Sequence[float]) -> str:
+    """A table cell of fractions ``values`` (one per seed): their mean, in percent."""
+    return f"{100 * np.mean(values):.2f}"
+
+
 def table_markdown(results: list[dict[str, Any]], metric: str, also: Sequence[str] = ()) -> str:
     """The Markdown table of ``results`` (one row per algorithm, mean ± std over seeds of the final and
     best ``metric`` per α, and each ``also`` metric's mean), with the line above it that names the metric."""
@@ -115,22 +127,22 @@ def table_markdown(results: list[dict[str, Any]], metric: str, also: Sequence[st
         cells = []
         for alpha in alphas:
             runs = [r for r in results if r["algorithm"] == algorithm and r["alpha"] == alpha]
-            for key in ("final", "best"):
-                values = 100 * np.array([r[key] for r in runs])
-                cells.append(f"{values.mean():.2f} ± {values.std():.2f}")
-            for key in also_keys:
-                cells.append(f"{100 * np.mean([r[key] for r in runs]):.2f}")
+            cells += [spread_cell([r[key] for r in runs]) for key in ("final", "best")]
+            cells += [mean_cell([r[key] for r in runs]) for key in also_keys]
         lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(results: list[dict], metric: str, out: Path, also: list[str] = ()) -> None:
-    """Writes ``out`` (:func:`table_markdown`), the per-run rows as ``<out>.csv`` and the curves as ``<out>.png``."""
+    """Writes the per-run rows as ``<out>.csv`` and, unless ``out`` is that CSV, ``out``
+    (:func:`table_markdown`) and the curves as ``<out>.png``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".csv"), "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, *also_columns(also)])
         writer.writeheader()
         writer.writerows({k: r[k] for k in writer.fieldnames} for r in results)
+    if out.suffix == ".csv":
+        return
     out.write_text(table_markdown(results, metric, also))
 
     algorithms, alphas = algorithms_and_alphas(results)
@@ -161,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="test_accuracy")
     parser.add_argument("--also", nargs="+", default=[], metavar="METRIC", help="also report these metrics at the final and the best round")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
-    parser.add_argument("--out", type=Path, required=True, help="Markdown table to write (also .csv, .png)")
+    parser.add_argument("--out", type=Path, required=True, help="Markdown table to write (also .csv, .png), or only the per-run .csv")
     args = parser.parse_args(argv)
 
     results = []
@@ -176,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     results.append(result)
     write_outputs(results, args.metric, args.out, args.also)
-    print(args.out.read_text())
+    print(table_markdown(results, args.metric, args.also))
     return 0
 
 

@@ -3,8 +3,8 @@ raw file, training and timing nothing.
 
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
-per-run rows, ``real_table.py --report``'s entries, curves and tuning, ``privacy_utility_fmnist.py``'s
-cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
+per-run rows, ``digits_summaries.py``'s tables gathering cells of those CSVs, ``real_table.py --report``'s
+entries, curves and tuning, ``privacy_utility_fmnist.py``'s cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
 tables, ``gpu_check.py``'s H200 invocations, and each timing script's ``--table``: w1_overhead, startup,
 config_errors, user_model, service_idle_cost, parallel_efficiency, sweep_throughput, long_run, scale,
@@ -35,6 +35,7 @@ from typing import Callable
 import client_state_scale
 import compression_table
 import config_errors
+import digits_summaries
 import digits_table
 import gpu_check
 import long_run
@@ -177,6 +178,10 @@ TABLES = [
         Table(f"{name}.md", (f"{name}.csv",), "digits_table.py", digits_part(f"{name}.csv", metric), metric_table)
         for name, metric in DIGITS_PAGES.items()
     ),
+    *(
+        Table(summary.page, summary.raw, "digits_summaries.py", summary.markdown, between_markers(summary.start, summary.end))
+        for summary in digits_summaries.SUMMARIES
+    ),
     Table(
         "privacy_utility_fmnist.md",
         ("privacy_utility_fmnist.csv", "privacy_utility_fmnist.json"),
@@ -240,7 +245,6 @@ TABLES = [
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
     "index.md": (1, "the list of the digits pages: links, no numbers"),
-    "digits.md": (2, "summaries copied by hand from the final-round cells of prototypes, fedrcl, fedcosr and fedcosr_shards"),
     "fedrcl.md": (1, "ablations: digits_table.py --set runs written outside docs/ (the page's commands), CSVs not committed"),
     "prototypes.md": (1, "FedSKC diagnosis: digits_table.py --set runs, CSVs not committed"),
     "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
