@@ -108,6 +108,7 @@ SUMMARIES = [
             Row("MOON", "prototypes.csv", "moon"),
             Row("FedSC", "prototypes.csv", "fedsc"),
             Row("FedSKC (paper defaults)", "prototypes.csv", "fedskc"),
+            Row("FedSKC (`gpr_mode=residual`, `u_mode=none`)", "fmnist_fedskc_digits.csv", "fedskc"),
             Row("FedRCL", "fedrcl.csv", "fedrcl"),
         ),
     ),
@@ -121,6 +122,42 @@ SUMMARIES = [
             Row("Local", "fedcosr.csv", "local"),
             Row("FedPer", "fedcosr.csv", "fedper"),
             Row("FedCoSR", "fedcosr.csv", "fedcosr"),
+        ),
+    ),
+    Summary(
+        "digits.md",
+        "digits self-supervised summary",
+        "algorithm",
+        (Column("α = 0.5", 0.5),),
+        (
+            Row("local SSL only", "baselines_ssl.csv", "hetero_ssfl_local"),
+            Row("Hetero-SSFL", "baselines_ssl.csv", "hetero_ssfl"),
+            Row("FedAvg+BYOL", "baselines_ssl.csv", "fedavg_byol"),
+            Row("FedEMA", "baselines_ssl.csv", "fedema"),
+            Row("FedU", "baselines_ssl.csv", "fedu"),
+        ),
+    ),
+    Summary(
+        "digits.md",
+        "digits global-model baselines summary",
+        "algorithm",
+        FINAL,
+        tuple(
+            Row(label, "baselines.csv", label.lower())
+            for label in ("FedAvgM", "FedAdam", "FedYogi", "FedAdagrad", "SCAFFOLD", "FedDyn", "FedLC", "FedNTD", "FedDecorr", "FedProc")
+        ),
+    ),
+    Summary(
+        "digits.md",
+        "digits personalised baselines summary",
+        "algorithm",
+        FINAL,
+        (
+            Row("Ditto", "baselines_personalized.csv", "ditto"),
+            Row("FedRep", "baselines_personalized.csv", "fedrep"),
+            Row("LG-FedAvg", "baselines_personalized.csv", "lg_fedavg"),
+            Row("FedBN (`resnet8`, BatchNorm)", "baselines_fedbn.csv", "fedbn"),
+            Row("FedAvg (`resnet8`, BatchNorm, global model)", "baselines_fedbn.csv", "fedavg"),
         ),
     ),
 ]
