@@ -4,7 +4,9 @@ raw file, training and timing nothing.
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``digits_summaries.py``'s tables gathering cells of those CSVs, ``real_table.py --report``'s
-entries, curves and tuning, ``privacy_utility_fmnist.py``'s cells, ``compression_table.py``'s rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
+entries, curves and tuning, ``fmnist_tables.py``'s investigations of fmnist.md (FedSKC's switches, the
+paper-optimiser runs, the Hetero-SSFL sweep), ``privacy_utility_fmnist.py``'s cells, ``compression_table.py``'s
+rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
 tables, ``gpu_check.py``'s H200 invocations, and each timing script's ``--table``: w1_overhead, startup,
 config_errors, user_model, service_idle_cost, parallel_efficiency, sweep_throughput, long_run, scale,
@@ -37,6 +39,7 @@ import compression_table
 import config_errors
 import digits_summaries
 import digits_table
+import fmnist_tables
 import gpu_check
 import long_run
 import modalities_table
@@ -207,6 +210,7 @@ TABLES = [
             ]
         )
     ),
+    *(Table("fmnist.md", part.raw, "fmnist_tables.py", part.render, between_markers(part.start, part.end)) for part in fmnist_tables.PARTS),
     json_table(
         ("raw/tasks_cpu.json",), "tasks_table.py --table", lambda reports: tasks_table.table(*reports), tasks_table.START, tasks_table.END
     ),
@@ -249,9 +253,11 @@ NOT_GENERATED: dict[str, tuple[int, str]] = {
     "prototypes.md": (1, "FedSKC diagnosis: digits_table.py --set runs, CSVs not committed"),
     "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
     "fmnist.md": (
-        7,
-        "claims, FedSKC's switches, the paper-optimiser runs, the blow-up warnings, the SSL sweep: copied by hand "
-        "from the CSVs (fmnist_tuning, fmnist_fedskc_sweep, fmnist_paper_optimiser, ...) and from run folders",
+        2,
+        "the claims: a verdict per paper in prose cells, not a grid of figures (each figure quoted from fmnist.csv, "
+        "fmnist_curves.csv, the tuning CSVs and the digits CSVs, checked against them by hand); the blow-up "
+        "warnings: real_table.py --replay-warnings over run folders (runs/real_table, runs/paper_optimiser, the "
+        "sweeps' trials) that were never committed and are gone",
     ),
     BENCHMARKS: (
         2,
