@@ -8,11 +8,12 @@ entries, curves and tuning, ``fmnist_tables.py``'s investigations of fmnist.md (
 paper-optimiser runs, the Hetero-SSFL sweep), ``privacy_utility_fmnist.py``'s cells, ``compression_table.py``'s
 rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
-tables, ``gpu_check.py``'s H200 invocations, and each timing script's ``--table``: w1_overhead, startup,
-config_errors, user_model, service_idle_cost, parallel_efficiency, sweep_throughput, long_run, scale,
-client_state_scale, suite_time). The prose around a part is kept. Every other table of
-those pages is in ``NOT_GENERATED`` with the reason it is not regenerated here (docs/benchmarks.md's, one
-by one, in docs/benchmarks_provenance.md), and a page with a table in neither fails the check::
+tables, ``gpu_check.py``'s H200 invocations and fractional workers, and each timing script's ``--table``:
+peers/run_peers, w1_overhead, startup, config_errors, user_model, service_idle_cost, parallel_efficiency,
+sweep_throughput, long_run, scale, client_state_scale, suite_time). The prose around a part is kept. Every
+other table of those pages is in ``NOT_GENERATED`` with the reason it is not regenerated here
+(docs/benchmarks.md has none: its figures measured before raw output was kept are on
+docs/benchmarks_history.md), and a page with a table in neither fails the check::
 
     python benchmarks/results_tables.py            # rewrite each part that differs from its raw file
     python benchmarks/results_tables.py --check    # compare only: exit 1 naming each part that differs
@@ -215,6 +216,13 @@ TABLES = [
         ("raw/tasks_cpu.json",), "tasks_table.py --table", lambda reports: tasks_table.table(*reports), tasks_table.START, tasks_table.END
     ),
     json_table(gpu_check.H200_RAW, "gpu_check.py --report", gpu_check.invocations_table, gpu_check.H200_START, gpu_check.H200_END),
+    json_table(
+        gpu_check.H200_RAW[:1],
+        "gpu_check.py --report",
+        lambda reports: gpu_check.w3_table(reports[0]["w3"]["cnn_cifar"]),
+        gpu_check.FRACTIONAL_START,
+        gpu_check.FRACTIONAL_END,
+    ),
     *(
         json_table((f"raw/{raw}.json",), f"{script}.py --table", lambda reports, render=render: render(*reports), start, end)
         for raw, script, render, start, end in [
@@ -258,11 +266,6 @@ NOT_GENERATED: dict[str, tuple[int, str]] = {
         "fmnist_curves.csv, the tuning CSVs and the digits CSVs, checked against them by hand); the blow-up "
         "warnings: real_table.py --replay-warnings over run folders (runs/real_table, runs/paper_optimiser, the "
         "sweeps' trials) that were never committed and are gone",
-    ),
-    BENCHMARKS: (
-        2,
-        "the two H100 tables, measured before raw output was kept (gpu_check.py's --json went to the git-ignored "
-        "benchmarks/results/); their command in docs/benchmarks_provenance.md",
     ),
 }
 

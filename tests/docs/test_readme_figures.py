@@ -44,3 +44,16 @@ def test_the_vectorised_h200_figures_are_the_raw_files():
     ]
     assert f"it trained {min(ratios):.1f}–{max(ratios):.1f}× the loop's client updates per second" in readme()
     assert f"and {min(cohorts):,.0f}–{max(cohorts):,.0f} a second with cohorts of 200 and 1,000" in readme()
+
+
+def test_the_peers_ratios_are_the_raw_files():
+    results = json.loads((RAW / "peers.json").read_text())["results"]
+    ratios = {
+        (workload, peer): runs[peer]["steady_round_s"] / runs["fedray, Ray, 2 workers"]["steady_round_s"]
+        for workload, runs in results.items()
+        for peer in ("pfl-research, 1 process", "Flower, Ray, 2 actors")
+    }
+    pfl = [ratios[workload, "pfl-research, 1 process"] for workload in ("w1", "pfl")]
+    flower = [ratios[workload, "Flower, Ray, 2 actors"] for workload in ("w1", "pfl")]
+    assert f"a round with two fedray workers was {pfl[0]:.2f}× (W1) and {pfl[1]:.2f}×" in readme()
+    assert f"as fast as pfl-research 0.6.0's, and {flower[0]:.1f}× and {flower[1]:.2f}× as fast as Flower 1.42's" in readme()

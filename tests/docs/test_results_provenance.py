@@ -122,9 +122,9 @@ def test_a_table_added_by_hand_to_the_benchmarks_page_must_be_listed(results):
         "## The test suite's time\n",
         "## The test suite's time\n\n| a |\n|---|\n",
     )
-    listed, _ = results_tables.NOT_GENERATED[results_tables.BENCHMARKS]
+    assert results_tables.BENCHMARKS not in results_tables.NOT_GENERATED  # every table of the page is generated
     assert results_tables.unaccounted(results) == [
-        f"../benchmarks.md: {listed + 1} tables outside its generated part, {listed} listed in NOT_GENERATED "
+        "../benchmarks.md: 1 tables outside its generated part, 0 listed in NOT_GENERATED "
         "(register a generated table in TABLES, or list a hand-written one with its reason)"
     ]
 
