@@ -384,9 +384,38 @@ class Step:
     smallest: int = 0  # the smallest n_real of the step (BatchNorm needs more than 1 value per channel)
 
 
+def _batch_sizes(contexts: list[ClientContext], counts: list[int], batch_size: int) -> Tensor:
+    """``[group, steps]``: the real samples of each client's batch at each step (0 after its last),
+    as ``ctx.batches()`` cuts each epoch: full batches, then the rest."""
+    sizes = torch.zeros(len(contexts), counts[0], dtype=torch.long)
+    for k, (ctx, count) in enumerate(zip(contexts, counts)):
+        epoch = [min(batch_size, ctx.num_samples - start) for start in range(0, ctx.num_samples, batch_size)]
+        sizes[k, :count] = torch.tensor(epoch * ctx.train.local_epochs)
+    return sizes
+
+
+class _StepWeights:
+    """Every step's sample weights (1/n_real at real samples, 0 at padding), made on the host and
+    moved to the device once for the whole group: a blocking host-to-device copy a step would wait
+    for the GPU to finish the previous step before the next one could be queued."""
+
+    def __init__(self, sizes: Tensor, batch_size: int, device: torch.device) -> None:
+        self.sizes = sizes  # [group, steps] on the host: what the flags of a step read
+        self.batch_size = batch_size
+        sizes_f = sizes.to(torch.float32).unsqueeze(-1)  # [group, steps, 1]
+        real = torch.arange(batch_size, dtype=torch.float32) < sizes_f
+        self.weights = torch.where(real, 1.0 / sizes_f.clamp(min=1), 0.0).to(device)  # [group, steps, B]
+
+    def step(self, x: Tensor, y: Tensor, step: int) -> Step:
+        active = x.shape[0]
+        sizes = self.sizes[:active, step]
+        return Step(x, y, self.weights[:active, step], bool((sizes == self.batch_size).all()), int(sizes.min()))
+
+
 def _steps_from_batches(contexts: list[ClientContext], counts: list[int], batch_size: int, device: torch.device) -> Iterator[Step]:
     """Each client's own ``ctx.batches()``, one batch a step, stacked and padded."""
     iterators = [ctx.batches() for ctx in contexts]
+    weights = _StepWeights(_batch_sizes(contexts, counts, batch_size), batch_size, device)
     for step in range(counts[0]):
         active = sum(count > step for count in counts)
         batches = [next(iterator) for iterator in iterators[:active]]
@@ -396,7 +425,7 @@ def _steps_from_batches(contexts: list[ClientContext], counts: list[int], batch_
         for k, (xb, yb) in enumerate(batches):
             x[k, : xb.shape[0]] = xb
             y[k, : yb.shape[0]] = yb
-        yield _step(x, y, [int(yb.shape[0]) for _, yb in batches], batch_size, device)
+        yield weights.step(x, y, step)
 
 
 def _steps_from_indices(contexts: list[ClientContext], counts: list[int], batch_size: int, device: torch.device) -> Iterator[Step]:
@@ -407,7 +436,6 @@ def _steps_from_indices(contexts: list[ClientContext], counts: list[int], batch_
     x_all = torch.cat([ctx.x for ctx in contexts])
     y_all = torch.cat([ctx.y for ctx in contexts])
     index = torch.zeros(group, counts[0], batch_size, dtype=torch.long)
-    sizes = torch.zeros(group, counts[0], dtype=torch.long)
     offset = 0
     for k, ctx in enumerate(contexts):
         n, step = ctx.num_samples, 0
@@ -417,24 +445,17 @@ def _steps_from_indices(contexts: list[ClientContext], counts: list[int], batch_
                 batch = order[start : start + batch_size]
                 index[k, step, : batch.shape[0]] = batch
                 index[k, step, batch.shape[0] :] = offset  # padding: the client's first sample, weighted 0
-                sizes[k, step] = batch.shape[0]
                 step += 1
         offset += n
     index = index.to(device)
+    weights = _StepWeights(_batch_sizes(contexts, counts, batch_size), batch_size, device)
     info = contexts[0].info
     for step in range(counts[0]):
         active = sum(count > step for count in counts)
         rows = index[:active, step].reshape(-1)
         x = info.normalize(x_all[rows]).reshape(active, batch_size, *x_all.shape[1:])
         y = y_all[rows].reshape(active, batch_size, *y_all.shape[1:])
-        yield _step(x, y, sizes[:active, step].tolist(), batch_size, device)
-
-
-def _step(x: Tensor, y: Tensor, sizes: list[int], batch_size: int, device: torch.device) -> Step:
-    sizes_t = torch.tensor(sizes, dtype=torch.float32)
-    real = torch.arange(batch_size, dtype=torch.float32)[None, :] < sizes_t[:, None]
-    weights = torch.where(real, 1.0 / sizes_t[:, None], 0.0)
-    return Step(x, y, weights.to(device), all(size == batch_size for size in sizes), min(sizes))
+        yield weights.step(x, y, step)
 
 
 def _objective(algorithm: Algorithm, model: nn.Module, weighted: bool, recorder: BatchNormRecorder) -> Callable[..., Any]:
