@@ -92,6 +92,8 @@ def cell(runs: list[dict], algorithm: str, column: Column, csv: str) -> str:
     return spread_cell(values) if column.spread else mean_cell(values)
 
 
+#: Final and best round at each α, the columns of digits_table.py's own tables.
+FINAL_AND_BEST = tuple(Column(f"α={alpha} {key}", alpha, key) for alpha in (0.1, 0.5) for key in ("final", "best"))
 #: The final round at each α.
 FINAL = (Column("α = 0.1", 0.1), Column("α = 0.5", 0.5))
 
@@ -122,6 +124,30 @@ SUMMARIES = [
             Row("Local", "fedcosr.csv", "local"),
             Row("FedPer", "fedcosr.csv", "fedper"),
             Row("FedCoSR", "fedcosr.csv", "fedcosr"),
+        ),
+    ),
+    Summary(
+        "fedrcl.md",
+        "FedRCL ablations",
+        "run",
+        FINAL_AND_BEST,
+        (
+            Row("FedRCL, official, β = 1 (table above)", "fedrcl.csv", "fedrcl"),
+            Row("FedSCL: official, β = 0 (no divergence penalty)", "fedrcl_ablation_beta0.csv", "fedrcl"),
+            Row("FedRCL, `variant: paper` (Eq. 5), β = 1", "fedrcl_ablation_paper.csv", "fedrcl"),
+            Row("FedAvg + lr decay 0.998 + grad clip 10", "fedrcl_ablation_fedavg_decay_clip.csv", "fedavg"),
+        ),
+    ),
+    Summary(
+        "prototypes.md",
+        "FedSKC variants",
+        "FedSKC variant",
+        FINAL_AND_BEST,
+        (
+            Row("paper defaults (table above)", "prototypes.csv", "fedskc"),
+            Row("`algorithm.gpr_mode=residual`", "prototypes_fedskc_gpr_residual.csv", "fedskc"),
+            Row("`algorithm.gpr_mode=off`", "prototypes_fedskc_gpr_off.csv", "fedskc"),
+            Row("`algorithm.gpr_mode=off`, `algorithm.u_mode=none`", "prototypes_fedskc_gpr_off_u_none.csv", "fedskc"),
         ),
     ),
     Summary(

@@ -257,8 +257,6 @@ TABLES = [
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
     "index.md": (1, "the list of the digits pages: links, no numbers"),
-    "fedrcl.md": (1, "ablations: digits_table.py --set runs written outside docs/ (the page's commands), CSVs not committed"),
-    "prototypes.md": (1, "FedSKC diagnosis: digits_table.py --set runs, CSVs not committed"),
     "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
     "fmnist.md": (
         2,
