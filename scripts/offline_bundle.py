@@ -12,6 +12,7 @@ host carries here).
     python scripts/offline_bundle.py                                  # -> dist/offline/ for CPython 3.12
     python scripts/offline_bundle.py --host-packages host.txt         # what YOUR host has:
                                                                       #   python3 -m pip list --format=freeze > host.txt
+    python scripts/offline_bundle.py --json docs/results/raw/offline_bundle.json   # and its raw output (the README's size)
     python scripts/offline_bundle.py --python-version 3.11 --check    # for this machine's Python, then
         # install it into a fresh virtual environment that holds only the host's packages, with
         # --no-index, and run `fedray run` and a 2-trial `fedray tune` from there
@@ -151,6 +152,19 @@ def build_bundle(out_dir: Path, python_version: str, host: dict[str, str | None]
     return wheels
 
 
+def write_raw_output(args: argparse.Namespace, argv: list[str] | None, wheels: list[Path]) -> None:
+    """The bundle's raw output to ``args.json``: benchmarks/raw_output.py's provenance and command line,
+    each wheel's size and the folder's total (the README's figure)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from raw_output import raw_report, write_raw
+
+    report = raw_report(args, argv)
+    report["wheels_mib"] = {wheel.name: wheel.stat().st_size / 2**20 for wheel in wheels}
+    report["total_mib"] = sum(path.stat().st_size for path in args.out.iterdir()) / 2**20
+    write_raw(args.json, report)
+    print(f"raw output in {args.json}")
+
+
 def install_name(extras: list[str]) -> str:
     return f"'fedray[{','.join(extras)}]'" if extras else "fedray"
 
@@ -237,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extras", default="", help="fedray extras to include, comma-separated (e.g. cluster: Ray's job server)")
     parser.add_argument("--max-mib", type=float, default=60.0, help="fail when the bundle is larger (0: no limit)")
     parser.add_argument("--check", action="store_true", help="install it in a fresh venv and run fedray from it (this machine's Python)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write the raw output (provenance, each wheel's size, the total) here, e.g. docs/results/raw/offline_bundle.json",
+    )
     args = parser.parse_args(argv)
     if not args.host_packages.is_file():
         parser.error(f"--host-packages: no file {args.host_packages}")
@@ -247,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--check installs into this machine's Python {here}: add --python-version {here}")
     host = read_host_packages(args.host_packages)
     extras = [extra.strip() for extra in args.extras.split(",") if extra.strip()]
-    build_bundle(args.out, args.python_version, host, extras, args.max_mib)
+    wheels = build_bundle(args.out, args.python_version, host, extras, args.max_mib)
+    if args.json:
+        write_raw_output(args, argv, wheels)
     if args.check:
         check_bundle(args.out, host, extras)
     return 0
