@@ -57,3 +57,8 @@ def test_the_peers_ratios_are_the_raw_files():
     flower = [ratios[workload, "Flower, Ray, 2 actors"] for workload in ("w1", "pfl")]
     assert f"a round with two fedray workers was {pfl[0]:.2f}× (W1) and {pfl[1]:.2f}×" in readme()
     assert f"as fast as pfl-research 0.6.0's, and {flower[0]:.1f}× and {flower[1]:.2f}× as fast as Flower 1.42's" in readme()
+
+
+def test_the_offline_bundle_size_is_the_raw_files():
+    total = json.loads((RAW / "offline_bundle.json").read_text())["total_mib"]
+    assert f"installs fedray from a {total:.0f} MiB folder of wheels" in readme()
