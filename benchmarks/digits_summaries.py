@@ -151,6 +151,22 @@ SUMMARIES = [
         ),
     ),
     Summary(
+        "hetero_ssfl.md",
+        "Hetero-SSFL per architecture",
+        "run",
+        (
+            Column("cnn_small w16", 0.5, "probe_accuracy_cnn_small_w16_final", spread=False),
+            Column("cnn_small w32", 0.5, "probe_accuracy_cnn_small_w32_final", spread=False),
+            Column("all clients", 0.5),
+        ),
+        (
+            Row("random initial encoders (no training)", "hetero_ssfl_random_encoders.csv", "hetero_ssfl_local"),
+            Row("local SSL only (μ = 0)", "hetero_ssfl_per_architecture.csv", "hetero_ssfl_local"),
+            Row("Hetero-SSFL, μ = 0.5", "hetero_ssfl_per_architecture.csv", "hetero_ssfl"),
+            Row("Hetero-SSFL, μ = 1, debiased CKA", "hetero_ssfl_per_architecture.csv", "hetero_ssfl_debiased"),
+        ),
+    ),
+    Summary(
         "digits.md",
         "digits self-supervised summary",
         "algorithm",

@@ -257,7 +257,6 @@ TABLES = [
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
     "index.md": (1, "the list of the digits pages: links, no numbers"),
-    "hetero_ssfl.md": (1, "per architecture: digits_table.py --also runs written outside docs/, CSVs not committed"),
     "fmnist.md": (
         2,
         "the claims: a verdict per paper in prose cells, not a grid of figures (each figure quoted from fmnist.csv, "
