@@ -41,9 +41,22 @@ def machine() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``; None elsewhere). With torch's CPU capability
+    (the vector instructions its kernels use), it tells runs on another machine apart: the same code
+    and torch build can round differently there."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
 def raw_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
