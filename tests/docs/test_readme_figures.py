@@ -5,6 +5,7 @@ file with different figures fails here until the README says the new ones."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -62,3 +63,15 @@ def test_the_peers_ratios_are_the_raw_files():
 def test_the_offline_bundle_size_is_the_raw_files():
     total = json.loads((RAW / "offline_bundle.json").read_text())["total_mib"]
     assert f"installs fedray from a {total:.0f} MiB folder of wheels" in readme()
+
+
+def test_the_first_runs_figures_are_the_raw_files():
+    """The README's `fedray run`: its printed final accuracy (also in the two guides that show its
+    output) and its time, within a quarter of the recorded run's."""
+    run = json.loads((RAW / "default_run.json").read_text())
+    accuracy = f"{100 * run['summary']['final_test_accuracy']:.2f}%"
+    assert f"a summary (`final test acc. {accuracy}`)" in readme()
+    for guide in ("getting_started.md", "guide/running.md"):
+        assert re.search(rf"final test acc\.\s+{re.escape(accuracy)}", (REPO / "docs" / guide).read_text()), guide
+    [seconds] = re.findall(r"FedAvg on the embedded digits data \(~(\d+) s\)", readme())
+    assert abs(int(seconds) - run["wall_seconds"]) <= run["wall_seconds"] / 4
