@@ -354,3 +354,13 @@ def test_replaying_the_blow_up_warning_lists_only_the_runs_it_fires_in_or_that_c
     lines = real_table.replay_warnings([tmp_path / "blows-up", tmp_path / "quiet"]).splitlines()
     assert lines[0].startswith("2 runs, 4 rounds with client rows")
     assert lines[3:] == ["| blows-up | 2 | 1, 2 | collapsed in round 2 (30.00 %, best before it 80.00 %) | 2 |"]
+
+
+def test_a_row_with_a_further_seed_can_be_the_best_of_its_column():
+    def result(algorithm: str, seed: int, value: float) -> dict[str, str]:
+        return {**row(algorithm, None), "seed": str(seed), "final": str(value), "last_fifth": str(value), "diverged": ""}
+
+    results = [result("fedavg", 0, 0.8), result("fedavg", 1, 0.8), *(result("fedprox", seed, 0.9) for seed in range(3))]
+    lines = real_table.summary_lines(results, 2)
+    assert "| FedProx | **90.00 ± 0.00** | pending |" in lines
+    assert "| FedAvg | 80.00 ± 0.00 | pending |" in lines
