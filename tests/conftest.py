@@ -73,13 +73,11 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=4,
-            include_dashboard=False,
-            object_store_memory=512 * 1024**2,
-            log_to_driver=True,
-            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore::DeprecationWarning"}},
-        )
+        # Ray's processes inherit the variable from this one. As a runtime_env it would make every
+        # worker start through Ray's runtime-env wrapper and leave the pre-started workers unused.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+            ray.init(num_cpus=4, include_dashboard=False, object_store_memory=512 * 1024**2, log_to_driver=True)
     yield ray
     ray.shutdown()
 

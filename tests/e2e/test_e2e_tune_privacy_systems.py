@@ -1,9 +1,11 @@
 """A ``fedray tune`` sweep over privacy and systems keys (issues 43 and 44): each trial is a DP-FedAvg
 run with simulated devices and compressed uploads, its noise calibrated from its own target ε.
 
-The same sweep (two trials side by side, uninterrupted) is the one whose directory is checked:
-``meta.json``, ``sweep.yaml``, ``trials.parquet``, ``rounds.parquet``, one run directory per trial in
-its own placement group, and the best trial printed."""
+The same sweep (one trial at a time, uninterrupted: the second trial is the first one's warm process and
+pool reset for another target ε) is the one whose directory is checked: ``meta.json``, ``sweep.yaml``,
+``trials.parquet``, ``rounds.parquet``, one run directory per trial inside the trial's placement group,
+and the best trial printed. (Two trials side by side, each failing if a worker lands outside its own
+group: the PBT sweep in ``test_e2e_tune_schedulers.py``.)"""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ TARGETS = [2.0, 8.0]
 
 @pytest.fixture(scope="module")
 def private_sweep(ray_session, tmp_path_factory):
-    """``fedray tune`` (in this process) of two trials side by side, one per target ε; returns the
+    """``fedray tune`` (in this process) of two trials one after the other, one per target ε; returns the
     sweep file, the sweep directory and what the command printed."""
     tmp_path = tmp_path_factory.mktemp("private")
     sweep_file = write_sweep(
@@ -50,7 +52,7 @@ def private_sweep(ray_session, tmp_path_factory):
         name="private-devices",
         base=PRIVATE_DEVICES,
         space={"privacy.target_epsilon": {"grid": TARGETS}},
-        max_concurrent_trials=2,
+        max_concurrent_trials=1,
     )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -110,19 +112,11 @@ def test_a_sweep_writes_its_directory_and_prints_its_best_trial(private_sweep):
     assert_trials_match_their_runs(sweep_dir, rounds_in=3)
 
     trials = rows_by_trial(sweep_dir)
-    group_ids = set()
     for row in trials.values():
-        # the trial's worker ran inside the trial's own placement group: driver+server bundle, worker bundle
+        # the trial's worker ran inside the trial's placement group: driver+server bundle, worker bundle
         placement = json.loads((sweep_dir / row["run_dir"] / "placement.json").read_text())
         assert placement["bundles"] == [{"CPU": 1.0}, {"CPU": 1.0}]
         assert placement["worker_placement_group_ids"] == [placement["placement_group_id"]]
-        group_ids.add(placement["placement_group_id"])
-    # Two trials side by side run in two groups; a trial that starts after the other has ended may reuse
-    # its warm group (reuse_workers). Which happened: the later placement.json against the other's summary.json.
-    runs = sorted((sweep_dir / row["run_dir"] for row in trials.values()), key=lambda run: (run / "placement.json").stat().st_mtime)
-    side_by_side = (runs[1] / "placement.json").stat().st_mtime < (runs[0] / "summary.json").stat().st_mtime
-    if side_by_side:
-        assert len(group_ids) == 2, group_ids
 
     best = max(trials.values(), key=lambda row: row["best_metric"])
     assert f"best trial         {best['trial_id']}" in printed

@@ -63,7 +63,7 @@ SWEEP_AFTER_A_RUN = textwrap.dedent(
 def api_sweep(tmp_path_factory):
     """A Python process, as a notebook or a script would be, that runs one round of a run on a local Ray
     (``run_experiment`` leaves it up) and then calls ``fedray.run_sweep`` of FedAvg and FedProx at a
-    useless and a good learning rate, two trials at a time. Validation before Ray catches config
+    useless and a good learning rate, one trial at a time. Validation before Ray catches config
     errors; one that only shows in the trial when it loads its data (here: the sweep's per-algorithm
     overrides changed after validation to more clients than samples, as data missing on a worker node
     would) fails both FedProx trials. Returns the ``SweepOutcome`` that ``run_sweep`` returned
@@ -75,7 +75,7 @@ def api_sweep(tmp_path_factory):
         {"algorithm.name": {"grid": ["fedavg", "fedprox"]}, "train.lr": {"grid": [1e-6, 0.1]}},
         per_algorithm={"fedprox": ["algorithm.mu=0.1"]},
         max_failures=3,
-        max_concurrent_trials=2,
+        max_concurrent_trials=1,
     )
     result = subprocess.run(
         [sys.executable, "-c", f"BASE = {TINY_BASE!r}\n{SWEEP_AFTER_A_RUN}", str(sweep_file)],
