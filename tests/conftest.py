@@ -73,11 +73,20 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        # Ray's processes inherit the variable from this one. As a runtime_env it would make every
-        # worker start through Ray's runtime-env wrapper and leave the pre-started workers unused.
+        # The suite keeps both CPUs busy, and this Ray stays up through it: no worker processes are
+        # started before an actor needs one (Ray would start one per logical CPU, each then polling
+        # for the rest of the session: 2.6 % of a core in all, idle). Ray's processes take the
+        # variable from this process's environment (a job runtime_env would route every worker
+        # through Ray's runtime-env wrapper).
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
-            ray.init(num_cpus=4, include_dashboard=False, object_store_memory=512 * 1024**2, log_to_driver=True)
+            ray.init(
+                num_cpus=4,
+                include_dashboard=False,
+                object_store_memory=512 * 1024**2,
+                log_to_driver=True,
+                _system_config={"prestart_worker_first_driver": False},  # a Ray system setting (ray_config_def.h)
+            )
     yield ray
     ray.shutdown()
 
