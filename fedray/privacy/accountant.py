@@ -80,6 +80,7 @@ def _quiet_absl() -> Iterator[None]:
         absl.setLevel(level)
 
 
+@cache  # the server's budget check before round r and round r's dp_epsilon ask for the same value
 def epsilon_of(event: dp_accounting.DpEvent, count: int, delta: float, name: AccountantName, sampling: Sampling = "poisson") -> float:
     """ε of ``event`` composed ``count`` times, at ``delta``."""
     if count == 0:
