@@ -84,6 +84,7 @@ import pandas as pd
 
 from benchmark_tables import paired_text, plot_mean_band, run_result
 from fedray import load_config
+from fedray.config import read_yaml
 from fedray.layout import META_FILE, SAVED_CONFIG_FILE, SUMMARY_FILE, SWEEP_FILE, TRIALS_FILE
 from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
@@ -302,9 +303,11 @@ def sweep_space(sweep: str) -> dict[str, Any]:
     return load_sweep(SWEEPS / f"{sweep}.yaml").space
 
 
+@functools.cache
 def swept_keys(sweep: str) -> tuple[str, ...]:
-    """The keys sweep ``sweep`` tunes."""
-    return tuple(sweep_space(sweep))
+    """The keys sweep ``sweep`` tunes, as its file names them (the report needs only these: validating
+    the sweep builds every trial shape's data, 10 of the report's 12 s)."""
+    return tuple(read_yaml(SWEEPS / f"{sweep}.yaml")["space"])
 
 
 def fallback_learning_rates(algorithm: str, tuned: float) -> list[float]:
@@ -846,14 +849,11 @@ def tuning_lines(tuning: list[dict[str, str]]) -> list[str]:
     return lines + [""]
 
 
-def report_blocks(out: Path, seeds_wanted: int, runs_dir: Path | None, extra: list[str]) -> tuple[str, str, list[dict[str, str]]]:
-    """From the CSVs next to ``out`` alone (running nothing): the generated block of ``out``'s Markdown
-    file (between its table markers), the summary page's short tables (between its summary markers)
-    and the curves of the entries that trained to the end (the figure's). Unfinished entries under
-    ``runs_dir`` are listed after the tables (``None``: none are)."""
-    tuning = read_csv(TUNING_CSV)
+def table_entries(out: Path, extra: list[str], tuning: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The finished entries of ``<out>.csv`` run with today's tuned values (:func:`current_rows`), each with
+    ``last_fifth``: the mean of its evaluations over the last fifth of its rounds (empty for one that
+    diverged); and the curves (``<out>_curves.csv``) of those that trained to the end."""
     results = current_rows(read_csv(out.with_suffix(".csv")), extra, tuning)
-    current = {entry_key(row) for row in results}
     trained = {entry_key(row) for row in results if not row.get("diverged")}
     curves = [row for row in read_csv(out.with_name(out.stem + "_curves.csv")) if entry_key(row) in trained]
     # The final round alone swings with the clients it sampled (the same for every algorithm of a seed).
@@ -862,7 +862,17 @@ def report_blocks(out: Path, seeds_wanted: int, runs_dir: Path | None, extra: li
         for group, spec in GROUPS.items()
         for key, mean in window_means([r for r in curves if r["group"] == group], fifths(spec["rounds"])[0]).items()
     }
-    results = [{**row, "last_fifth": last_fifth.get(entry_key(row), "")} for row in results]
+    return [{**row, "last_fifth": last_fifth.get(entry_key(row), "")} for row in results], curves
+
+
+def report_blocks(out: Path, seeds_wanted: int, runs_dir: Path | None, extra: list[str]) -> tuple[str, str, list[dict[str, str]]]:
+    """From the CSVs next to ``out`` alone (running nothing): the generated block of ``out``'s Markdown
+    file (between its table markers), the summary page's short tables (between its summary markers)
+    and the curves of the entries that trained to the end (the figure's). Unfinished entries under
+    ``runs_dir`` are listed after the tables (``None``: none are)."""
+    tuning = read_csv(TUNING_CSV)
+    results, curves = table_entries(out, extra, tuning)
+    current = {entry_key(row) for row in results}
     lines = ["", *tuning_lines(tuning)]
     cells_rows = rows_by_cell(results)
     for group, spec in GROUPS.items():
