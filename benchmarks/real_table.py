@@ -73,6 +73,7 @@ import argparse
 import csv
 import functools
 import json
+import math
 import shutil
 import signal
 import sys
@@ -966,34 +967,53 @@ def diagnose(run_dir: Path, first: int, last: int) -> str:
     return "\n".join(lines)
 
 
-def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
-    """Replays the progress output's blow-up warning (:func:`fedray.tracking.health.loss_outliers`)
-    over the client rows of every run in ``run_dirs``, beside how each run ended: its first collapse
-    (the rule of :func:`collapse`) or its last round (a run that diverged stops there). The figures of
-    docs/results/fmnist.md, "Warnings for finite blow-ups"."""
+def warning_replay(run_dir: Path, num_classes: int = 10) -> dict[str, Any] | None:
+    """Replays the progress output's blow-up warning (:func:`fedray.tracking.health.loss_outliers`, with
+    the chance loss ln C of ``num_classes`` classes) over the client rows of the run in ``run_dir``,
+    beside how it ended: its first collapse (the rule of :func:`collapse`; personalised runs judged by
+    ``personal_accuracy``, as in the table) and its last round (a run that diverged stops there). None
+    for a folder without metrics. ``first_warning`` names the first warned round's largest outlier."""
     from fedray.tracking.metrics_file import read_metrics_table
     from fedray.tracking.health import loss_outliers
 
-    rounds_seen, lines = 0, ["| run | rounds | warned in rounds | first collapse | last round |", "|---|---|---|---|---|"]
-    for run_dir in run_dirs:
-        table = read_metrics_table(run_dir)
-        if table is None:
-            continue
-        rows = table.to_pylist()
-        by_round: dict[int, list[dict[str, Any]]] = {}
-        for row in rows:
-            if row["scope"] == "client":
-                by_round.setdefault(row["round"], []).append({k: v for k, v in row.items() if v is not None})
-        warned = [round for round, cohort in sorted(by_round.items()) if loss_outliers(cohort, num_classes)[2]]
-        rounds_seen += len(by_round)
-        round_rows = [r for r in rows if r["scope"] == "round"]
-        # personalised runs are judged by personal_accuracy (as in the table), the others by test_accuracy
-        metric = "personal_accuracy" if any(r.get("personal_accuracy") is not None for r in round_rows) else "test_accuracy"
-        failure = collapse([(r["round"], r[metric]) for r in round_rows if r.get(metric) is not None], None)
-        last = max((r["round"] for r in round_rows), default=0)
-        if warned or failure:
-            lines.append(f"| {run_dir.name} | {len(by_round)} | {', '.join(map(str, warned)) or '—'} | {failure or '—'} | {last} |")
-    return "\n".join([f"{len(run_dirs)} runs, {rounds_seen} rounds with client rows; the runs warned about or collapsed:", *lines])
+    table = read_metrics_table(run_dir)
+    if table is None:
+        return None
+    rows = table.to_pylist()
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["scope"] == "client":
+            by_round.setdefault(row["round"], []).append({k: v for k, v in row.items() if v is not None})
+    warned, first_warning = [], ""
+    for round, cohort in sorted(by_round.items()):
+        key, median, outliers = loss_outliers(cohort, math.log(num_classes))
+        if outliers:
+            warned.append(round)
+            client, loss = outliers[0]
+            first_warning = first_warning or f"round {round} (client {client}: {key} {loss:.3g}, median {median:.3g})"
+    round_rows = [r for r in rows if r["scope"] == "round"]
+    metric = "personal_accuracy" if any(r.get("personal_accuracy") is not None for r in round_rows) else "test_accuracy"
+    return {
+        "run": run_dir.name,
+        "rounds": len(by_round),
+        "warned_rounds": " ".join(map(str, warned)),
+        "first_warning": first_warning,
+        "first_collapse": collapse([(r["round"], r[metric]) for r in round_rows if r.get(metric) is not None], None),
+        "last_round": max((r["round"] for r in round_rows), default=0),
+    }
+
+
+def replay_warnings(run_dirs: list[Path], num_classes: int = 10) -> str:
+    """:func:`warning_replay` over every run in ``run_dirs``: how many rounds it read, and a row per run
+    warned about or collapsed."""
+    replays = [replay for run_dir in run_dirs if (replay := warning_replay(run_dir, num_classes)) is not None]
+    lines = ["| run | rounds | warned in rounds | first collapse | last round |", "|---|---|---|---|---|"]
+    for r in replays:
+        if r["warned_rounds"] or r["first_collapse"]:
+            warned = r["warned_rounds"].replace(" ", ", ") or "—"
+            lines.append(f"| {r['run']} | {r['rounds']} | {warned} | {r['first_collapse'] or '—'} | {r['last_round']} |")
+    rounds = sum(r["rounds"] for r in replays)
+    return "\n".join([f"{len(run_dirs)} runs, {rounds} rounds with client rows; the runs warned about or collapsed:", *lines])
 
 
 def plot_curves(curves: list[dict[str, str]], path: Path) -> None:
