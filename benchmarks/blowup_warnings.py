@@ -30,7 +30,7 @@ from raw_output import machine
 CSV = "fmnist_blowup_warnings.csv"
 CSV_PATH = real_table.REPO / "docs" / "results" / CSV
 RUNS_DIR = real_table.REPO / "runs" / "blowup_warnings"
-REPLAY_FIELDS = ["run", "when_found", "rounds", "warned_rounds", "first_warning", "first_collapse", "last_round"]
+REPLAY_FIELDS = ["run", "when_found", "rounds", "warned_rounds", "first_warning", "first_collapse", "last_round", "planned_rounds"]
 PROVENANCE_FIELDS = ["commit", "torch", "python", "cpu_model", "date"]
 
 
@@ -68,10 +68,10 @@ def run(rerun: Rerun, runs_dir: Path) -> Path:
     return run_dir
 
 
-def record(run_dirs: list[Path], path: Path = CSV_PATH) -> list[dict[str, str]]:
+def record(run_dirs: list[Path], invocation: dict, path: Path = CSV_PATH) -> list[dict[str, str]]:
     """Replays the warning over ``run_dirs`` and writes their rows into the CSV at ``path`` (replacing a
-    row of the same run, keeping the others), a rerun's with what it did when it was found; the rows."""
-    invocation = machine()
+    row of the same run, keeping the others), each with the provenance of ``invocation``
+    (``raw_output.machine()``, taken before the runs) and a rerun's with what it did when it was found."""
     provenance = {field: invocation[field] for field in PROVENANCE_FIELDS}
     found = {rerun.name: rerun.found for rerun in RERUNS}
     replayed = {
@@ -101,12 +101,13 @@ def warnings_table(results: Path) -> str:
             r["first_warning"] or "—",
             r["warned_rounds"].replace(" ", ", ") or "—",
             r["first_collapse"] or "—",
-            r["last_round"],
+            f"{r['last_round']} of {r['planned_rounds']}" if r["planned_rounds"] else r["last_round"],
         ]
         for r in sorted(rows, key=lambda r: (not r["warned_rounds"], r["run"]))
     ]
     return totals + markdown_table(
-        ["run", "when found (tenth session)", "rounds", "first warning", "warned in rounds", "first collapse", "last round"], table
+        ["run", "when found (tenth session)", "rounds", "first warning", "warned in rounds", "first collapse", "last round of planned"],
+        table,
     )
 
 
@@ -122,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: --also: no such folder: {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
+    invocation = machine()
     run_dirs = [run(rerun, args.runs_dir) for rerun in RERUNS]
     run_dirs += sorted(d for folder in args.also for d in folder.iterdir() if d.is_dir())
-    record(run_dirs)
+    record(run_dirs, invocation)
     print(warnings_table(CSV_PATH.parent))
     return 0
 

@@ -971,8 +971,9 @@ def warning_replay(run_dir: Path, num_classes: int = 10) -> dict[str, Any] | Non
     """Replays the progress output's blow-up warning (:func:`fedray.tracking.health.loss_outliers`, with
     the chance loss ln C of ``num_classes`` classes) over the client rows of the run in ``run_dir``,
     beside how it ended: its first collapse (the rule of :func:`collapse`; personalised runs judged by
-    ``personal_accuracy``, as in the table) and its last round (a run that diverged stops there). None
-    for a folder without metrics. ``first_warning`` names the first warned round's largest outlier."""
+    ``personal_accuracy``, as in the table) and its last round against the rounds its config planned (a
+    run that diverged stops before them). None for a folder without metrics. ``first_warning`` names the
+    first warned round's largest outlier."""
     from fedray.tracking.metrics_file import read_metrics_table
     from fedray.tracking.health import loss_outliers
 
@@ -1000,6 +1001,7 @@ def warning_replay(run_dir: Path, num_classes: int = 10) -> dict[str, Any] | Non
         "first_warning": first_warning,
         "first_collapse": collapse([(r["round"], r[metric]) for r in round_rows if r.get(metric) is not None], None),
         "last_round": max((r["round"] for r in round_rows), default=0),
+        "planned_rounds": load_config(run_dir / SAVED_CONFIG_FILE).train.rounds if (run_dir / SAVED_CONFIG_FILE).is_file() else "",
     }
 
 
