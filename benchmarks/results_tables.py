@@ -4,7 +4,7 @@ raw file, training and timing nothing.
 Each entry of ``TABLES`` is the generated part of one page: the table a results script wrote, rendered
 again by that script's own function from the raw file it wrote next to the page (``digits_table.py``'s
 per-run rows, ``digits_summaries.py``'s tables gathering cells of those CSVs, ``real_table.py --report``'s
-entries, curves and tuning, ``fmnist_claims.py``'s claims table of fmnist.md, ``fmnist_tables.py``'s investigations of
+entries, curves and tuning, ``fmnist_claims.py``'s claims table and ``blowup_warnings.py``'s replays of fmnist.md, ``fmnist_tables.py``'s investigations of
 fmnist.md (FedSKC's switches, the paper-optimiser runs, the Hetero-SSFL sweep), ``privacy_utility_fmnist.py``'s cells, ``compression_table.py``'s
 rounds, ``modalities_table.py``'s runs, ``threats_table.py``'s trials, ``secagg_dp_table.py``'s runs)
 or, for ``docs/benchmarks.md``, from the raw JSON it wrote to ``docs/results/raw/`` (``tasks_table.py``'s
@@ -39,6 +39,7 @@ import client_state_scale
 import compression_table
 import config_errors
 import digits_summaries
+import blowup_warnings
 import digits_table
 import fmnist_claims
 import fmnist_tables
@@ -212,13 +213,13 @@ TABLES = [
             ]
         )
     ),
-    *(Table("fmnist.md", part.raw, "fmnist_tables.py", part.render, between_markers(part.start, part.end)) for part in fmnist_tables.PARTS),
-    Table(
-        "fmnist.md",
-        fmnist_claims.PART.raw,
-        "fmnist_claims.py",
-        fmnist_claims.PART.render,
-        between_markers(fmnist_claims.PART.start, fmnist_claims.PART.end),
+    *(
+        Table("fmnist.md", part.raw, script, part.render, between_markers(part.start, part.end))
+        for script, part in [
+            *(("fmnist_tables.py", part) for part in fmnist_tables.PARTS),
+            ("fmnist_claims.py", fmnist_claims.PART),
+            ("blowup_warnings.py", blowup_warnings.PART),
+        ]
     ),
     json_table(
         ("raw/tasks_cpu.json",), "tasks_table.py --table", lambda reports: tasks_table.table(*reports), tasks_table.START, tasks_table.END
@@ -265,11 +266,6 @@ TABLES = [
 #: Page -> (how many of its tables lie outside its generated part, and why they are not regenerated here).
 NOT_GENERATED: dict[str, tuple[int, str]] = {
     "index.md": (1, "the list of the digits pages: links, no numbers"),
-    "fmnist.md": (
-        1,
-        "the blow-up warnings: real_table.py --replay-warnings over run folders (runs/real_table, runs/paper_optimiser, the "
-        "sweeps' trials) that were never committed and are gone",
-    ),
 }
 
 
