@@ -25,13 +25,12 @@ from pathlib import Path
 
 import real_table
 from fmnist_tables import Part, markdown_table
-from raw_output import machine
+from raw_output import PROVENANCE_COLUMNS, machine, provenance_columns
 
 CSV = "fmnist_blowup_warnings.csv"
 CSV_PATH = real_table.REPO / "docs" / "results" / CSV
 RUNS_DIR = real_table.REPO / "runs" / "blowup_warnings"
 REPLAY_FIELDS = ["run", "when_found", "rounds", "warned_rounds", "first_warning", "first_collapse", "last_round", "planned_rounds"]
-PROVENANCE_FIELDS = ["commit", "torch", "python", "cpu_model", "date"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def record(run_dirs: list[Path], invocation: dict, path: Path = CSV_PATH) -> lis
     """Replays the warning over ``run_dirs`` and writes their rows into the CSV at ``path`` (replacing a
     row of the same run, keeping the others), each with the provenance of ``invocation``
     (``raw_output.machine()``, taken before the runs) and a rerun's with what it did when it was found."""
-    provenance = {field: invocation[field] for field in PROVENANCE_FIELDS}
+    provenance = provenance_columns(invocation)
     found = {rerun.name: rerun.found for rerun in RERUNS}
     replayed = {
         r["run"]: {**r, "when_found": found.get(r["run"], ""), **provenance}
@@ -80,7 +79,7 @@ def record(run_dirs: list[Path], invocation: dict, path: Path = CSV_PATH) -> lis
         if (r := real_table.warning_replay(d)) is not None
     }
     rows = [row for row in real_table.read_csv(path) if row["run"] not in replayed] + list(replayed.values())
-    real_table.write_csv(path, REPLAY_FIELDS + PROVENANCE_FIELDS, sorted(rows, key=lambda row: row["run"]))
+    real_table.write_csv(path, REPLAY_FIELDS + PROVENANCE_COLUMNS, sorted(rows, key=lambda row: row["run"]))
     return rows
 
 

@@ -48,6 +48,15 @@ def machine() -> dict:
     }
 
 
+#: The part of :func:`machine` a results CSV repeats on each row (a row may come from another machine or commit).
+PROVENANCE_COLUMNS = ["commit", "working_tree_modified", "torch", "python", "cpu_model", "date"]
+
+
+def provenance_columns(provenance: dict) -> dict:
+    """:data:`PROVENANCE_COLUMNS` of ``provenance`` (a :func:`machine`), for one row of a results CSV."""
+    return {column: provenance[column] for column in PROVENANCE_COLUMNS}
+
+
 def cpu_model() -> str | None:
     """The CPU's model name (Linux's ``/proc/cpuinfo``; None elsewhere). With torch's CPU capability
     (the vector instructions its kernels use), it tells runs on another machine apart: the same code

@@ -91,6 +91,7 @@ from fedray.runtime import TrainingDiverged, resume_experiment, run_experiment
 from fedray.tracking import read_metrics
 from fedray.tracking.health import collapsed
 from fedray.tune import load_sweep
+from raw_output import PROVENANCE_COLUMNS, machine, provenance_columns
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 100
@@ -222,6 +223,7 @@ RESULT_FIELDS = [
     "seconds_per_round",
     "personal_accuracy_std_final",
     "personal_accuracy_std_at_best",
+    *PROVENANCE_COLUMNS,  # of the invocation that finished the entry; empty on rows written before they were kept
 ]
 CURVE_FIELDS = ["group", "algorithm", "setting", "seed", "round", "value"]
 # The summary page's short tables (``summary_lines``): a row's name, and each setting's column heading.
@@ -527,7 +529,8 @@ def run_all(args: argparse.Namespace) -> None:
         if not any(row["sweep"] == sweep for row in tuning):
             tune(sweep, args.runs_dir.with_name(args.runs_dir.name + "_sweeps"), args.trust_tune_state)
             tuning = read_csv(TUNING_CSV)
-        result = run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning, collapsed.get(entry))
+        provenance = provenance_columns(machine())
+        result = {**run_entry(group, algorithm, setting, seed, args.runs_dir, args.extra, tuning, collapsed.get(entry)), **provenance}
         replace_entry(
             curves_csv,
             CURVE_FIELDS,
