@@ -46,9 +46,10 @@ in round 30, recovering only to 65 %. So does one that ends no better than guess
 accuracy of a uniform guess over the 10 classes): FedSC at lr 0.2 on seed 1 blew up in round 2 and
 stayed at 10 % for the 98 rounds after.
 
-Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with (and its
-curve to ``<out>_curves.csv``) and is skipped on the next invocation unless the tuning has changed
-them since; an interrupted run (Ctrl-C, SIGTERM) keeps its checkpoints under ``--runs-dir`` and
+Every finished (algorithm, setting, seed) goes to ``<out>.csv`` with the values it ran with and the
+provenance of the invocation that finished it (commit, torch, Python, CPU, date; empty on rows from
+before 29 Nov 2026), and its curve to ``<out>_curves.csv``; it is skipped on the next invocation
+unless the tuning has changed them since; an interrupted run (Ctrl-C, SIGTERM) keeps its checkpoints under ``--runs-dir`` and
 resumes from them, an interrupted sweep resumes under ``<runs-dir>_sweeps``. ``--report`` rewrites
 the table part of ``<out>.md`` (between the two marker lines; the prose around it is kept),
 ``<out>.png`` (mean ± std band over seeds) and, for the default ``--out``, the short tables of
