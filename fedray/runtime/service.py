@@ -485,8 +485,9 @@ class LocalService:
         if workers["busy"] == 0 and booted < self.warm_workers:
             try:
                 self._prestart(self.warm_workers - booted)
-            except Exception:  # grpc.RpcError, or a Ray whose raylet lacks the call: runs boot their own workers
-                self._prestart = None
+            except Exception as error:  # a Ray whose raylet lacks the call: runs boot their own workers
+                if not _raylet_not_ready(error):  # a raylet still starting: asked again after the pause
+                    self._prestart = None
             self._next_refill = time.monotonic() + REFILL_PAUSE_S  # until the raylet has forked them
 
     def serve(self, poll_seconds: float = 1.0) -> None:
@@ -523,6 +524,16 @@ class LocalService:
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return stopped
+
+
+def _raylet_not_ready(error: Exception) -> bool:
+    """Whether a ``PrestartWorkers`` call failed only because the raylet does not answer yet: its
+    node manager port opens after the job server that :meth:`LocalService.start` waits for, and on
+    a loaded machine the first call came too early about one ``fedray up`` in two, which then kept no
+    worker warm for the service's whole life."""
+    import grpc
+
+    return isinstance(error, grpc.RpcError) and error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _head_system_config(num_cpus: int, warm_workers: int) -> dict[str, Any]:

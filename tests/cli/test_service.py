@@ -86,7 +86,10 @@ def test_up_run_uses_the_service_and_down_stops_exactly_it(tmp_path):
         # its actors take (Ray prestarts a worker per CPU for a head's first driver, unless told not to;
         # booting beside the first run's actors, they took its first rounds' CPU)
         warm = state.num_cpus + 1  # fedray up's default --warm-workers
-        assert wait_until(lambda: worker_processes(state.head_pid) == {"booting": 0, "idle": warm, "busy": 0}, 300)
+        assert wait_until(lambda: worker_processes(state.head_pid) == {"booting": 0, "idle": warm, "busy": 0}, 300), (
+            worker_processes(state.head_pid),
+            names(),
+        )
         joined = subprocess.run(
             [sys.executable, "-c", JOIN_AND_COUNT_WORKERS, str(service_dir / STATE_FILE)],
             env=environment(service_dir),

@@ -223,3 +223,32 @@ def test_a_run_on_a_service_whose_ray_head_died_says_so_in_one_line(tmp_path):
         assert not (service_dir / STATE_FILE).exists()
     finally:
         kill_everything(service_dir)
+
+
+@pytest.mark.parametrize(("raylet", "kept"), [("starting", True), ("without the call", False)])
+def test_a_raylet_that_does_not_answer_yet_is_asked_again_for_warm_workers(tmp_path, raylet, kept):
+    """The first ``PrestartWorkers`` call can come before the raylet's port opens (about one ``fedray up``
+    in two on a loaded machine): the service asks again after the pause instead of keeping no worker
+    warm for its whole life. A raylet that answers but lacks the call switches warm workers off. Real
+    gRPC: a port nothing listens on, and a gRPC server with no services."""
+    from concurrent import futures
+
+    import grpc
+
+    from fedray.runtime.processes import free_port
+    from fedray.runtime.service import LocalService
+
+    service = LocalService(tmp_path / "runs", num_cpus=2, warm_workers=3, directory=tmp_path / "service")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    service.node_manager_port = free_port() if raylet == "starting" else server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    service.head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no raylet under it: 0 workers
+    try:
+        service._prestart = service._prestart_rpc("token")
+        service.keep_warm()
+        assert (service._prestart is not None) == kept
+        assert service._next_refill > time.monotonic()  # looked at again after the pause, not at once
+    finally:
+        service.head.kill()
+        service._channel.close()
+        server.stop(None)
